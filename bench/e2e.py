@@ -1,0 +1,625 @@
+"""End-to-end comparison: swiftk (autoregressive, SWIFT cold / warm / saved skip set) against Hugging Face
+transformers (greedy, early exit, prompt lookup) on the same GGUF weights, prompts and machine, in one process.
+
+    python -m bench.e2e --model smollm2-135m --workload humaneval,mtbench --n 8 --max-new-tokens 128
+
+Methods run interleaved per prompt (the order rotates from prompt to prompt) so machine noise hits them alike.
+Every method is greedy; its token ids are compared with HF greedy on the same prompt ids and every difference is
+printed as ``MISMATCH method prompt first-diff-index`` (``--strict``: exit code 1).
+
+SWIFT variants (one engine; their optimizer states are swapped in and out of it):
+
+- ``swift-cold``: a fresh optimizer at the start of each workload, optimization time included, state carried
+  across the workload's prompts as a user's session would.
+- ``swift-warm``: a tuning pass (fresh optimizer, SWIFT over the same prompts, run before the measured pass) saves
+  its best skip set; the measured pass loads it (``eng.load_skip_set``) and does not optimize.
+- ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization.
+
+Writes under ``--out`` (file names carry model, dtype, device kind and date): ``*.samples.jsonl`` (Spec-Bench
+fields + ours), ``*.summary.json``, ``*.md`` (the tables printed at the end) and plots (``bench.plots``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from swiftk.errors import SwiftkError
+
+AR, COLD, WARM, SAVED = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved"
+HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
+SWIFT_METHODS = (COLD, WARM, SAVED)
+DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, "hf-ee", HF_PLD)  # "hf-ee" expands to hf-ee<E> per E
+WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
+
+
+# ---------------------------------------------------------------- small shared helpers (ar_vs_hf uses them too)
+
+
+def atomic_write(path, data) -> Path:
+    """Write text/bytes to a temp file next to ``path``, then rename (readers never see half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def set_threads(n) -> int:
+    n = int(n) if n else (os.cpu_count() or 1)
+    if n < 1:
+        raise SwiftkError(f"--threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    return n
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_kind(device) -> str:
+    """Short tag for file names: 'cpu' or 'cuda-<gpu model>'."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(dev).lower().replace("nvidia", "").strip()
+    return "cuda-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
+
+
+def machine_info(device, threads: int) -> dict:
+    import transformers
+
+    dev = torch.device(device)
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "device": str(dev),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model()}
+    try:
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                            cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        info["git_commit"] = None
+    return info
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def copy_bandwidth(device, mib: int = 0, repeats: int = 5) -> float:
+    """Device memory bandwidth in bytes/s from a big tensor copy (bytes read + written / best time)."""
+    dev = torch.device(device)
+    mib = mib or (1024 if dev.type == "cuda" else 256)
+    n = mib * 1024 * 1024 // 4
+    src = torch.ones(n, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    return 2 * n * 4 / best
+
+
+def first_diff(a, b):
+    """Index of the first differing token, or None when equal (a prefix of different length differs at its end)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def load_pair(model: str, device, dtype: str, need_hf: bool = True):
+    """(swiftk engine, HF model or None, why-HF-is-missing). HF loads the same GGUF file swiftk reads."""
+    import swiftk
+    from swiftk.registry import resolve_model
+
+    eng = swiftk.load(model, device=device, dtype=dtype)
+    hf, why = None, None
+    if need_hf:
+        from bench.hf_baselines import load_hf
+
+        path = resolve_model(model)
+        if path.is_dir():
+            why = "HF baselines load GGUF files only"
+        else:
+            try:
+                hf, _ = load_hf(path, dtype=dtype, device=str(device))
+            except SwiftkError as e:
+                why = str(e)
+        if hf is not None:
+            # Stop HF on every end-of-sequence id swiftk stops on (GGUF metadata may list several; HF keeps one),
+            # otherwise both would be "right" and still differ in length.
+            hf.generation_config.eos_token_id = sorted(eng.tokenizer.eos_ids)
+    return eng, hf, why
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int) -> dict:
+    """workload -> list of {id, category, text, chat, ids}. HumanEval is raw completion, MT-Bench turn 1 chat."""
+    from bench import workloads as W
+
+    out = {}
+    for w in workloads:
+        if w == "humaneval":
+            items = W.humaneval(n_humaneval)
+        elif w == "mtbench":
+            items = W.mtbench(n_mtbench)
+        elif w == "domain_shift":
+            items = W.domain_shift_stream(n_mtbench, n_humaneval)
+        else:
+            raise SwiftkError(f"unknown workload {w!r}; use {', '.join(WORKLOAD_NAMES)}")
+        rows = []
+        for it in items:
+            chat = it["category"] != "humaneval"
+            text = it["turns"][0]
+            rows.append({"id": it["id"], "category": it["category"], "text": text, "chat": chat,
+                         "ids": eng.encode_prompt(text, chat=chat)})
+        out[w] = rows
+    return out
+
+
+# ---------------------------------------------------------------- methods
+
+
+class SwiftState:
+    """One SWIFT optimizer state (optimizer, skip set, tokens seen) that can be swapped into the shared engine.
+
+    The engine holds exactly one state; the bench needs three side by side, so it swaps these public attributes.
+    """
+
+    def __init__(self, eng, skip_set_file=None):
+        eng.reset_optimizer()
+        if skip_set_file is not None:
+            eng.load_skip_set(skip_set_file, optimize=False)
+        self.optimize = skip_set_file is None
+        self._grab(eng)
+
+    def _grab(self, eng):
+        self.optimizer, self.skip_set, self.tokens_seen = eng.optimizer, eng.skip_set, eng.tokens_seen
+
+    def run(self, eng, ids, max_new_tokens):
+        eng.optimizer, eng.skip_set, eng.tokens_seen = self.optimizer, self.skip_set, self.tokens_seen
+        try:
+            return eng.generate(ids, max_new_tokens=max_new_tokens, method="swift", optimize=self.optimize)
+        finally:
+            self._grab(eng)
+
+
+def _swiftk_run(eng, ids, max_new, state=None) -> dict:
+    dev = eng.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sync(dev)
+    t0 = time.perf_counter()
+    if state is None:
+        r = eng.generate(ids, max_new_tokens=max_new, method="autoregressive")
+    else:
+        r = state.run(eng, ids, max_new)
+    sync(dev)
+    wall = time.perf_counter() - t0
+    s = r.stats
+    out = {"token_ids": r.token_ids, "text": r.text, "wall_time_s": wall, "new_tokens": len(r.token_ids),
+           "finish_reason": r.finish_reason, "decoding_steps": s.get("decoding_steps", len(r.token_ids))}
+    if state is None:
+        out.update(accept_lengths=[1] * max(0, len(r.token_ids) - 1), drafted=0, accepted=0)
+    else:
+        out.update(accept_lengths=s["accept_lengths"], drafted=s["drafted_tokens"], accepted=s["accepted_tokens"],
+                   time_optimize_s=s["time_optimize_s"], time_draft_s=s["time_draft_s"],
+                   time_verify_s=s["time_verify_s"], skip_set=s["skip_set"],
+                   matchness_history=s["matchness_history"], best_matchness=s["best_matchness"],
+                   optimization_done=s["optimization_done"], optimization_steps=s["optimization_steps"],
+                   max_tree_nodes=s["max_tree_nodes"], phases=_count(s["phases"]))
+    if dev.type == "cuda":
+        out["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def _hf_run(hf, ids, max_new, method, **kw) -> dict:
+    from bench.hf_baselines import hf_generate
+
+    cuda = next(hf.parameters()).device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    r = hf_generate(hf, ids, max_new, method, **kw)
+    r["decoding_steps"] = None  # transformers does not report its verify passes
+    if cuda:
+        r["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return r
+
+
+def _count(items) -> dict:
+    out = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_hf: bool):
+    """Method names to run, in canonical order, with hf-ee expanded to one method per early-exit layer."""
+    out = []
+    for m in names:
+        if m == "hf-ee":
+            out += [f"hf-ee{e}" for e in early_exit]
+        elif m.startswith("hf-ee") and m[5:].isdigit():
+            out.append(m)
+        elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED):
+            out.append(m)
+        else:
+            raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)} or hf-ee<E>")
+    for m in out:
+        if m.startswith("hf-ee") and not 1 <= int(m[5:]) < n_layers:
+            raise SwiftkError(f"{m}: early-exit layer must be in [1, {n_layers - 1}]")
+    if not have_skip_set:
+        out = [m for m in out if m != SAVED]
+    if not have_hf:
+        out = [m for m in out if not m.startswith("hf-")]
+    seen = set()
+    return [m for m in out if not (m in seen or seen.add(m))]
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def aggregate(runs: list, methods: list) -> dict:
+    """workload -> group ('all' or a category) -> method -> metrics."""
+    out: dict = {}
+    for r in runs:
+        for g in ("all", r["category"]):
+            out.setdefault(r["workload"], {}).setdefault(g, {}).setdefault(r["method"], []).append(r)
+    res: dict = {}
+    for w, groups in out.items():
+        for g, by_m in groups.items():
+            cell = res.setdefault(w, {}).setdefault(g, {})
+            for m in methods:
+                rs = by_m.get(m)
+                if not rs:
+                    continue
+                toks = sum(x["new_tokens"] for x in rs)
+                wall = sum(x["wall_time_s"] for x in rs)
+                acc = [a for x in rs for a in (x.get("accept_lengths") or [])]
+                drafted = sum(x.get("drafted") or 0 for x in rs)
+                opt = sum(x.get("time_optimize_s") or 0.0 for x in rs)
+                per = sorted(x["new_tokens"] / x["wall_time_s"] for x in rs if x["wall_time_s"] > 0)
+                cell[m] = {
+                    "prompts": len(rs), "new_tokens": toks, "wall_time_s": wall,
+                    "tokens_per_s": toks / wall if wall else None,
+                    "tokens_per_s_median_prompt": per[len(per) // 2] if per else None,
+                    "M": (sum(acc) / len(acc)) if acc and not m.startswith("hf-") else None,
+                    "alpha": (sum(x.get("accepted") or 0 for x in rs) / drafted) if drafted else None,
+                    "opt_share": opt / wall if wall and m in SWIFT_METHODS else None,
+                    "mismatches_vs_hf": sum(1 for x in rs if x.get("diff_vs_hf") is not None),
+                    "mismatches_vs_ar": sum(1 for x in rs if x.get("diff_vs_ar") is not None),
+                    "peak_gpu_mem_mb": max((x.get("peak_gpu_mem_mb") or 0 for x in rs), default=0) or None,
+                }
+            for m, c in cell.items():
+                c["speedup_vs_hf_greedy"] = _ratio(c["tokens_per_s"], cell.get(HF_GREEDY, {}).get("tokens_per_s"))
+                c["speedup_vs_swiftk_ar"] = _ratio(c["tokens_per_s"], cell.get(AR, {}).get("tokens_per_s"))
+                best_hf = max((v["tokens_per_s"] or 0 for k, v in cell.items() if k.startswith("hf-")), default=0)
+                c["speedup_vs_best_hf"] = _ratio(c["tokens_per_s"], best_hf)
+    return res
+
+
+def _f(x, fmt="{:.2f}", none="–"):
+    return none if x is None else fmt.format(x)
+
+
+def markdown_tables(summary: dict) -> str:
+    lines = []
+    meta = summary["meta"]
+    lines.append(f"### {meta['model']} · {meta['dtype']} · {meta['machine']['device_name']} · "
+                 f"{meta['max_new_tokens']} new tokens · greedy · {meta['date']}")
+    lines.append("")
+    for w, groups in summary["results"].items():
+        cell = groups["all"]
+        lines.append(f"**{w}** ({next(iter(cell.values()))['prompts']} prompts)")
+        lines.append("")
+        lines.append("| method | tok/s | × HF greedy | × swiftk AR | × best HF | M | α | opt share | "
+                     f"mismatches vs {meta['reference']} |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for m, c in cell.items():
+            lines.append(f"| {m} | {_f(c['tokens_per_s'], '{:.1f}')} | {_f(c['speedup_vs_hf_greedy'])} | "
+                         f"{_f(c['speedup_vs_swiftk_ar'])} | {_f(c['speedup_vs_best_hf'])} | {_f(c['M'])} | "
+                         f"{_f(c['alpha'])} | {_f(c['opt_share'], '{:.0%}')} | "
+                         f"{c['mismatches_vs_hf'] if meta['reference'] != AR else c['mismatches_vs_ar']} |")
+        lines.append("")
+        cats = [g for g in groups if g != "all"]
+        if len(cats) > 1:
+            methods = list(cell)
+            base, key = (("HF greedy", "speedup_vs_hf_greedy") if HF_GREEDY in cell
+                         else ("swiftk AR", "speedup_vs_swiftk_ar"))
+            lines.append(f"{w}: speedup vs {base} per category (α of swift-cold in brackets)")
+            lines.append("")
+            lines.append("| method | " + " | ".join(cats) + " |")
+            lines.append("|---|" + "---:|" * len(cats))
+            for m in methods:
+                row = []
+                for g in cats:
+                    c = groups[g].get(m, {})
+                    s = _f(c.get(key))
+                    if m == COLD and c.get("alpha") is not None:
+                        s += f" ({c['alpha']:.2f})"
+                    row.append(s)
+                lines.append(f"| {m} | " + " | ".join(row) + " |")
+            lines.append("")
+    rf = summary.get("roofline")
+    if rf:
+        lines.append(f"Roofline: copy bandwidth {rf['copy_bandwidth_gb_s']:.1f} GB/s; swiftk AR reads "
+                     + ", ".join(f"{w} {v['ar_weight_gb_s']:.2f} GB/s ({v['fraction_of_copy_bw']:.0%})"
+                                 for w, v in rf["workloads"].items()) + " of weights.")
+        lines.append("")
+    mm = summary["mismatches"]
+    lines.append(f"Losslessness: {len(mm)} mismatch(es) vs {summary['meta']['reference']}"
+                 + ("" if not mm else ": " + "; ".join(f"{x['method']} {x['prompt']} @{x['first_diff']}" for x in mm)))
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="registry name or .gguf path")
+    ap.add_argument("--workload", default="humaneval,mtbench", help="comma list of " + ", ".join(WORKLOAD_NAMES))
+    ap.add_argument("--n", type=int, default=8, help="HumanEval prompts, and MT-Bench questions per category")
+    ap.add_argument("--n-mtbench", type=int, default=None, help="MT-Bench questions per category (default: --n)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 512 on CUDA, 128 on CPU")
+    ap.add_argument("--device", default="cuda" if cuda else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                    help="comma list of " + ", ".join(DEFAULT_METHODS) + " (hf-ee = one per --early-exit), hf-ee<E>")
+    ap.add_argument("--early-exit", default=None, help="comma list of HF early-exit layers (default n/2, 3n/4)")
+    ap.add_argument("--skip-set", default=None, help="skip set JSON for swift-saved")
+    ap.add_argument("--tune-passes", type=int, default=1,
+                    help="passes of the tuning run that makes the swift-warm skip set (stops early once optimized)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 on any mismatch with HF greedy")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="no per-run lines")
+    a = ap.parse_args(argv)
+    if a.max_new_tokens is None:
+        a.max_new_tokens = 512 if torch.device(a.device).type == "cuda" else 128
+    if a.max_new_tokens < 1 or a.n < 1 or (a.n_mtbench is not None and a.n_mtbench < 1):
+        ap.error("--max-new-tokens, --n and --n-mtbench must be >= 1")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        return run(a)
+    except SwiftkError as e:
+        print(f"bench.e2e: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(a) -> int:
+    threads = set_threads(a.threads)
+    workloads = [w.strip() for w in a.workload.split(",") if w.strip()]
+    for w in workloads:
+        if w not in WORKLOAD_NAMES:
+            raise SwiftkError(f"unknown workload {w!r}; use {', '.join(WORKLOAD_NAMES)}")
+    if a.skip_set and not Path(a.skip_set).is_file():
+        raise SwiftkError(f"--skip-set {a.skip_set}: no such file")
+    requested = [m.strip() for m in a.methods.split(",") if m.strip()]
+    need_hf = any(m.startswith("hf-") for m in requested)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    date = _dt.datetime.now(_dt.timezone.utc)
+
+    t0 = time.perf_counter()
+    eng, hf, hf_why = load_pair(a.model, a.device, a.dtype, need_hf)
+    load_s = time.perf_counter() - t0
+    if need_hf and hf is None:
+        print(f"!! HF baselines unavailable: {hf_why}", file=sys.stderr)
+    L = eng.config.n_layers
+    ee = ([int(x) for x in a.early_exit.split(",")] if a.early_exit else sorted({L // 2, (3 * L) // 4}))
+    methods = expand_methods(requested, L, ee, bool(a.skip_set), hf is not None)
+    reference = HF_GREEDY if HF_GREEDY in methods else (AR if AR in methods else None)
+    dev = eng.device
+    tag = f"{eng.identity.get('name') or Path(a.model).stem}_{a.dtype}_{device_kind(dev)}_{date:%Y%m%d-%H%M%S}"
+    print(f"# {tag}: {len(methods)} methods: {', '.join(methods)}; threads={threads}; load {load_s:.1f}s")
+
+    prompts = build_prompts(eng, workloads, a.n, a.n_mtbench or a.n)
+
+    # Warm-up: first calls pay one-off costs (allocations, lazy imports, the SWIFT tree budget measurement).
+    wid = prompts[workloads[0]][0]["ids"]
+    _swiftk_run(eng, wid, 8)
+    if any(m in SWIFT_METHODS for m in methods):
+        t = time.perf_counter()
+        budget = eng.auto_tree_budget()
+        print(f"# SWIFT verify budget {budget} nodes (measured in {time.perf_counter() - t:.1f}s)")
+        SwiftState(eng).run(eng, wid, 8)
+    hf_dead: dict = {}
+    for m in methods:
+        if m.startswith("hf-"):
+            try:
+                _hf_call(hf, wid, 8, m)
+            except SwiftkError as e:  # HFMethodUnsupported: report n/a, keep going
+                hf_dead[m] = str(e)
+                print(f"!! {m} n/a: {e}", file=sys.stderr)
+    methods = [m for m in methods if m not in hf_dead]
+
+    runs, mismatches, tuning = [], [], {}
+    for w in workloads:
+        items = prompts[w]
+        states = {}
+        if WARM in methods:
+            tuning[w] = _tune(eng, items, a.max_new_tokens, a.tune_passes, out_dir / f"{tag}_{w}.skipset.json")
+            print(f"# {w}: tuned skip set in {tuning[w]['wall_time_s']:.1f}s, {tuning[w]['optimization_steps']} "
+                  f"steps, matchness {_f(tuning[w]['best_matchness'])} -> {tuning[w]['file']}")
+            states[WARM] = SwiftState(eng, tuning[w]["file"])
+        if SAVED in methods:
+            states[SAVED] = SwiftState(eng, a.skip_set)
+        if COLD in methods:
+            states[COLD] = SwiftState(eng)  # fresh at the start of each workload's stream
+        for i, it in enumerate(items):
+            order = methods[i % len(methods):] + methods[: i % len(methods)]
+            got = {}
+            for m in order:
+                if m.startswith("hf-"):
+                    r = _hf_call(hf, it["ids"], a.max_new_tokens, m)
+                    r["text"] = eng.tokenizer.decode(r["token_ids"])
+                else:
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states.get(m))
+                r.update(method=m, workload=w, prompt_id=it["id"], category=it["category"], stream_index=i)
+                got[m] = r
+            for m, r in got.items():
+                if reference and m != reference:
+                    r["diff_vs_hf"] = first_diff(r["token_ids"], got[reference]["token_ids"])
+                    if r["diff_vs_hf"] is not None:
+                        mismatches.append({"method": m, "workload": w, "prompt": it["id"],
+                                           "first_diff": r["diff_vs_hf"], "reference": reference})
+                        print(f"MISMATCH {m} {it['id']} {r['diff_vs_hf']} (vs {reference})", file=sys.stderr)
+                if AR in got and m != AR:
+                    r["diff_vs_ar"] = first_diff(r["token_ids"], got[AR]["token_ids"])
+                runs.append(r)
+            if not a.quiet:
+                print(f"{w} {i + 1}/{len(items)} {it['id']}: " + "  ".join(
+                    f"{m} {got[m]['new_tokens'] / max(got[m]['wall_time_s'], 1e-9):.1f}" for m in methods) + " tok/s")
+
+    results = aggregate(runs, methods)
+    roofline = _roofline(eng, results, dev)
+    summary = {
+        "meta": {"tag": tag, "model": eng.identity.get("name") or a.model, "model_identity": eng.identity,
+                 "dtype": a.dtype, "device_kind": device_kind(dev), "date": date.isoformat(timespec="seconds"),
+                 "max_new_tokens": a.max_new_tokens, "workloads": workloads, "n": a.n,
+                 "n_mtbench": a.n_mtbench or a.n, "methods": methods, "unavailable": {**hf_dead,
+                 **({"hf-*": hf_why} if need_hf and hf is None else {})}, "early_exit_layers": ee,
+                 "reference": reference, "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
+                 "machine": machine_info(dev, threads), "swiftk": {k: v for k, v in eng.info().items()
+                                                                  if k in ("weight_bytes", "kv_cache_bytes",
+                                                                           "parameters", "backends")},
+                 "swift_config": {k: (list(v) if isinstance(v, tuple) else v)
+                                  for k, v in vars(eng.swift_config).items()},
+                 "max_tree_nodes": eng.auto_tree_budget() if any(m in SWIFT_METHODS for m in methods) else None, "load_time_s": load_s,
+                 "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set},
+        "results": results, "tuning": tuning, "roofline": roofline, "mismatches": mismatches,
+    }
+    paths = write_outputs(out_dir, tag, summary, runs, plots=not a.no_plots)
+    print()
+    print(markdown_tables(summary))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    if mismatches:
+        print(f"!! {len(mismatches)} MISMATCH(ES) vs {reference}", file=sys.stderr)
+    return 1 if (a.strict and mismatches) else 0
+
+
+def _hf_call(hf, ids, max_new, m) -> dict:
+    """Run HF method ``m`` (hf-greedy, hf-pld, hf-ee<E>) on one prompt."""
+    if m == HF_GREEDY:
+        return _hf_run(hf, ids, max_new, "greedy")
+    if m == HF_PLD:
+        return _hf_run(hf, ids, max_new, "prompt_lookup")
+    return _hf_run(hf, ids, max_new, "early_exit", early_exit_layers=int(m[5:]))
+
+
+def _tune(eng, items, max_new, passes, path) -> dict:
+    """Fresh optimizer, SWIFT over the workload (up to ``passes`` times, until optimization ends); save the set."""
+    st = SwiftState(eng)
+    t = time.perf_counter()
+    for _ in range(max(1, passes)):
+        for it in items:
+            st.run(eng, it["ids"], max_new)
+            if st.optimizer.done:
+                break
+        if st.optimizer.done:
+            break
+    wall = time.perf_counter() - t
+    eng.optimizer, eng.skip_set, eng.tokens_seen = st.optimizer, st.optimizer.best, st.tokens_seen
+    eng.save_skip_set(path)
+    score = st.optimizer.best_score
+    return {"file": str(path), "wall_time_s": wall, "optimization_steps": st.optimizer.steps,
+            "best_matchness": score if score is not None and score >= 0 else None, "optimization_done": st.optimizer.done,
+            "tokens": st.tokens_seen}
+
+
+def _roofline(eng, results, dev) -> dict:
+    if AR not in next(iter(results.values()), {}).get("all", {}):
+        return {}
+    bw = copy_bandwidth(dev)
+    wb = eng.model.weight_bytes()
+    out = {"copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": wb, "workloads": {}}
+    for w, groups in results.items():
+        tps = groups["all"].get(AR, {}).get("tokens_per_s")
+        if tps:
+            out["workloads"][w] = {"ar_tokens_per_s": tps, "ar_weight_gb_s": wb * tps / 1e9,
+                                   "fraction_of_copy_bw": wb * tps / bw}
+    return out
+
+
+def write_outputs(out_dir: Path, tag: str, summary: dict, runs: list, plots: bool = True) -> list:
+    model_id = summary["meta"]["model"]
+    lines = []
+    for r in runs:
+        rec = {"question_id": r["prompt_id"], "category": r["category"], "model_id": model_id,
+               "choices": [{"index": 0, "turns": [r.get("text") if "text" in r else None],
+                            "decoding_steps": [r.get("decoding_steps")], "new_tokens": [r["new_tokens"]],
+                            "wall_time": [r["wall_time_s"]], "accept_lengths": r.get("accept_lengths") or []}],
+               "method": r["method"], "workload": r["workload"], "stream_index": r["stream_index"],
+               "tokens_per_s": r["new_tokens"] / r["wall_time_s"] if r["wall_time_s"] else None,
+               "M": (sum(r["accept_lengths"]) / len(r["accept_lengths"]))
+               if r.get("accept_lengths") and not r["method"].startswith("hf-") else None,
+               "alpha": (r["accepted"] / r["drafted"]) if r.get("drafted") else None,
+               "token_ids": r["token_ids"], "diff_vs_hf": r.get("diff_vs_hf"), "diff_vs_ar": r.get("diff_vs_ar")}
+        for k in ("skip_set", "time_optimize_s", "time_draft_s", "time_verify_s", "matchness_history",
+                  "best_matchness", "optimization_done", "optimization_steps", "max_tree_nodes", "phases",
+                  "finish_reason", "peak_gpu_mem_mb"):
+            if k in r:
+                rec[k] = r[k]
+        lines.append(json.dumps(rec))
+    paths = [atomic_write(out_dir / f"{tag}.samples.jsonl", "\n".join(lines) + "\n"),
+             atomic_write(out_dir / f"{tag}.summary.json", json.dumps(summary, indent=1) + "\n"),
+             atomic_write(out_dir / f"{tag}.md", markdown_tables(summary))]
+    if plots:
+        from bench.plots import plot_all
+
+        paths += plot_all(out_dir, tag, summary, runs)
+    return paths
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

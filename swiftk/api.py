@@ -1,0 +1,47 @@
+"""The thin public API: load an engine, or generate with a cached one."""
+from __future__ import annotations
+
+import threading
+
+from .engine import Engine
+from .errors import SwiftkError
+from .registry import DEFAULT_MODEL, resolve_model
+from .model import resolve_device, resolve_dtype
+
+_engines: dict = {}
+_lock = threading.Lock()
+
+
+def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, **swift_kw) -> Engine:
+    """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory."""
+    from .loaders import load_checkpoint
+
+    dev = resolve_device(device)       # validate before any download or load
+    dt = resolve_dtype(dtype)
+    path = resolve_model(model)
+    ckpt = load_checkpoint(path, dtype=dt)
+    if model in _registry_names():
+        ckpt.identity["name"] = model
+    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, **swift_kw)
+
+
+def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", **kw):
+    """``load(model, device, dtype)`` once per process, then ``Engine.generate(prompt, **kw)``.
+
+    The engine (and its learned skip set) is kept, so a stream of calls keeps improving the draft.
+    """
+    key = (str(model), str(device), str(dtype))
+    with _lock:
+        eng = _engines.get(key)
+        if eng is None:
+            eng = _engines[key] = load(model, device=device, dtype=dtype)
+    return eng.generate(prompt, **kw)
+
+
+def _registry_names():
+    from .registry import MODELS
+
+    return MODELS
+
+
+__all__ = ["load", "generate", "Engine", "SwiftkError"]

@@ -1,0 +1,113 @@
+"""``swiftk`` command line: generate, pull, info."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import SwiftkError
+from .registry import DEFAULT_MODEL, MODELS
+
+
+def _common(p):
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="swiftk", description="Lossless self-speculative decoding (SWIFT)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text")
+    g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
+    _common(g)
+    g.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    g.add_argument("--method", default="swift", choices=["swift", "autoregressive"])
+    g.add_argument("--temperature", "-t", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    g.add_argument("--skip-set", help="load a saved skip set (JSON) and skip optimization")
+    g.add_argument("--save-skip-set", help="write the skip set found to this JSON file")
+    g.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
+                   help="SWIFT option, e.g. --swift skip_ratio=0.4 --swift max_tree_nodes=16")
+
+    p = sub.add_parser("pull", help="download a registry model into the cache")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
+    p.add_argument("--force", action="store_true", help="download and verify again")
+
+    i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
+    _common(i)
+
+    args = ap.parse_args(argv)
+    try:
+        return {"generate": _generate, "pull": _pull, "info": _info}[args.cmd](args)
+    except SwiftkError as e:
+        print(f"swiftk: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parse_kv(items) -> dict:
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise SwiftkError(f"--swift expects KEY=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _generate(a) -> int:
+    import swiftk
+
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    if a.skip_set:
+        eng.load_skip_set(a.skip_set)
+    stream = None if a.json else (lambda piece: print(piece, end="", flush=True))
+    out = eng.generate(prompt, max_new_tokens=a.max_new_tokens, method=a.method, temperature=a.temperature,
+                       top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, callback=stream,
+                       progress=a.json and sys.stderr.isatty(), **_parse_kv(a.swift))
+    if a.save_skip_set:
+        eng.save_skip_set(a.save_skip_set)
+    if a.json:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                          "stats": out.stats}, indent=1))
+    else:
+        print()
+        s = out.stats
+        extra = ""
+        if s["method"] == "swift":
+            extra = f", M={s['mean_accepted_length']:.2f}, alpha={s['acceptance_rate']:.2f}"
+        print(f"[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['method']}{extra}]", file=sys.stderr)
+    return 0
+
+
+def _pull(a) -> int:
+    from .registry import pull
+
+    path = pull(a.name, progress=True, force=a.force)
+    print(path)
+    return 0
+
+
+def _info(a) -> int:
+    import swiftk
+    from .registry import model_info, swiftk_home
+
+    info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    info.update(eng.info())
+    print(json.dumps(info, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,464 @@
+"""Checkpoint loading: a GGUF file or a Hugging Face directory -> config, HF-named tensors, tokenizer.
+
+Every loader returns tensors under Hugging Face names and layout ([out, in] weights, Q/K rows in
+HF's rotate-half order), on CPU, in the requested dtype, checked against the config's shapes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .config import SUPPORTED_ARCHS, ModelConfig, from_hf_config
+from .errors import SwiftkError
+from .tokenizer import Tokenizer
+
+# Dequantize this many elements at a time so peak memory stays near the output tensor's size.
+_CHUNK_ELEMS = 1 << 24
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tensors: dict  # HF name -> torch.Tensor (CPU, requested dtype)
+    tokenizer: Tokenizer
+    identity: dict  # name, path, fingerprint, arch, n_layers: tags results (e.g. saved skip sets)
+
+
+def load_checkpoint(path, dtype: torch.dtype = torch.float32) -> Checkpoint:
+    """Load a ``.gguf`` file or a Hugging Face model directory."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise SwiftkError(f"model path not found: {p}")
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return _load_hf_dir(p, dtype)
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _load_gguf(ggufs[0], dtype)
+        raise SwiftkError(f"{p} is not a Hugging Face model directory (no config.json) and holds no single .gguf file")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise SwiftkError(f"{p} is not a GGUF file (magic {magic!r}) and not a Hugging Face directory")
+    return _load_gguf(p, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared: expected tensor shapes
+# ---------------------------------------------------------------------------------------------
+def expected_shapes(cfg: ModelConfig) -> dict:
+    """HF tensor name -> shape, for every tensor the runtime needs."""
+    D, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    s = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    if not cfg.tie_embeddings:
+        s["lm_head.weight"] = (V, D)
+    for i in range(cfg.n_layers):
+        b = f"model.layers.{i}."
+        s[b + "input_layernorm.weight"] = (D,)
+        s[b + "self_attn.q_proj.weight"] = (q, D)
+        s[b + "self_attn.k_proj.weight"] = (kv, D)
+        s[b + "self_attn.v_proj.weight"] = (kv, D)
+        s[b + "self_attn.o_proj.weight"] = (D, q)
+        if cfg.qkv_bias:
+            s[b + "self_attn.q_proj.bias"] = (q,)
+            s[b + "self_attn.k_proj.bias"] = (kv,)
+            s[b + "self_attn.v_proj.bias"] = (kv,)
+        s[b + "post_attention_layernorm.weight"] = (D,)
+        s[b + "mlp.gate_proj.weight"] = (I, D)
+        s[b + "mlp.up_proj.weight"] = (I, D)
+        s[b + "mlp.down_proj.weight"] = (D, I)
+    return s
+
+
+def _check_shape(name: str, got, want, source: str = "") -> None:
+    if tuple(got) != tuple(want):
+        src = f" ({source})" if source else ""
+        raise SwiftkError(f"shape mismatch for tensor {name}{src}: expected {tuple(want)}, got {tuple(got)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF
+# ---------------------------------------------------------------------------------------------
+_GGUF_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def gguf_to_hf_name(name: str) -> Optional[str]:
+    """HF name for a GGUF tensor name, or None for tensors the runtime does not use."""
+    if name in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[name]
+    m = _BLK.match(name)
+    if m and m.group(2) in _GGUF_BLOCK:
+        return f"model.layers.{m.group(1)}.{_GGUF_BLOCK[m.group(2)]}"
+    return None
+
+
+def _hf_to_gguf_name(hf: str) -> str:
+    for g, h in _GGUF_GLOBAL.items():
+        if h == hf:
+            return g
+    m = re.match(r"^model\.layers\.(\d+)\.(.+)$", hf)
+    for g, h in _GGUF_BLOCK.items():
+        if m and h == m.group(2):
+            return f"blk.{m.group(1)}.{g}"
+    return hf
+
+
+def _supported_qtypes():
+    from gguf import GGMLQuantizationType as Q
+
+    return {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple  # ggml order: innermost dimension first
+    n_bytes: int
+    data: np.ndarray  # raw bytes (uint8), one row of blocks per output row
+
+
+@dataclass
+class GGUFFile:
+    metadata: dict
+    tensors: list
+
+
+# GGUF value type ids -> struct format (string = 8, array = 9 handled separately).
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
+       10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+class _Cursor:
+    """Little-endian reader over the mapped file; struct.error on overrun means a short file."""
+
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def unpack(self, fmt):
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self):
+        n = self.unpack("<Q")
+        if self.pos + n > len(self.buf):
+            raise struct.error("string runs past end of file")
+        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, vtype):
+        if vtype in _SCALAR:
+            return self.unpack(_SCALAR[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            etype, n = self.unpack("<I"), self.unpack("<Q")
+            if etype in _NP:  # numeric arrays in one go: token_type has ~150k entries
+                dt = np.dtype(_NP[etype])
+                if self.pos + n * dt.itemsize > len(self.buf):
+                    raise struct.error("array runs past end of file")
+                a = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos).tolist()
+                self.pos += n * dt.itemsize
+                return a
+            return [self.value(etype) for _ in range(n)]
+        raise SwiftkError(f"unknown GGUF metadata value type {vtype}")
+
+
+def read_gguf(path) -> GGUFFile:
+    """Parse a GGUF file's metadata and tensor index; tensor data stays memory-mapped.
+
+    The gguf package's reader is exact but builds a numpy view per string (seconds for a 150k-token
+    vocabulary), so the header is parsed here; dequantization still uses gguf.quants.
+    """
+    import mmap
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size < 24 or f.read(4) != b"GGUF":
+            raise SwiftkError(f"{path} is not a GGUF file (bad magic or too short)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    buf = memoryview(mm)
+    c = _Cursor(buf)
+    c.pos = 4
+    try:
+        version = c.unpack("<I")
+        if version not in (2, 3):
+            raise SwiftkError(f"{path}: unsupported GGUF version {version}")
+        n_tensors, n_kv = c.unpack("<Q"), c.unpack("<Q")
+        meta = {}
+        for _ in range(n_kv):
+            key = c.string()
+            meta[key] = c.value(c.unpack("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = c.string()
+            nd = c.unpack("<I")
+            dims = tuple(c.unpack("<Q") for _ in range(nd))
+            infos.append((name, dims, c.unpack("<I"), c.unpack("<Q")))
+    except struct.error as e:
+        raise SwiftkError(f"GGUF {path} is truncated or corrupt: header ends early ({e})") from None
+    align = int(meta.get("general.alignment", 32))
+    data_start = (c.pos + align - 1) // align * align
+    raw = np.frombuffer(mm, dtype=np.uint8)
+    tensors = []
+    for name, dims, tid, off in infos:
+        try:
+            qtype = GGMLQuantizationType(tid)
+        except ValueError:
+            raise SwiftkError(f"GGUF {path.name}: unsupported quant type id {tid} in tensor {name}") from None
+        block, tsize = GGML_QUANT_SIZES[qtype]
+        n_elems = int(np.prod(dims)) if dims else 1
+        row = dims[0] if dims else 1
+        if row % block:
+            raise SwiftkError(f"GGUF {path.name}: tensor {name} row length {row} is not a multiple of {qtype.name} block {block}")
+        n_bytes = n_elems // block * tsize
+        start = data_start + off
+        if start + n_bytes > size:
+            raise SwiftkError(
+                f"GGUF {path} is truncated: tensor {name} needs bytes up to {start + n_bytes}, file has {size}"
+            )
+        rows = n_elems // row
+        data = raw[start : start + n_bytes].reshape(rows, row // block * tsize)
+        tensors.append(GGUFTensor(name, qtype, dims, n_bytes, data))
+    return GGUFFile(meta, tensors)
+
+
+def _gguf_config(meta: dict, tensors_by_name: dict, path: Path) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise SwiftkError(f"unsupported architecture {arch!r} in {path.name}; swiftk supports {', '.join(SUPPORTED_ARCHS)}")
+
+    def get(key, default=None, required=True):
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None and required:
+            raise SwiftkError(f"GGUF {path.name} lacks metadata {arch}.{key}")
+        return v
+
+    emb = tensors_by_name.get("token_embd.weight")
+    if emb is None:
+        raise SwiftkError(f"GGUF {path.name}: missing tensor token_embd.weight")
+    hidden = int(get("embedding_length"))
+    n_heads = int(get("attention.head_count"))
+    n_kv = get("attention.head_count_kv", n_heads)
+    head_dim = get("attention.key_length", hidden // n_heads)
+
+    stype = meta.get(f"{arch}.rope.scaling.type")
+    sfactor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if stype not in (None, "none") and sfactor != 1.0:
+        # llama3-style scaling arrives as the rope_freqs tensor; other kinds change the math.
+        raise SwiftkError(f"unsupported RoPE scaling type {stype!r} (factor {sfactor}) in {path.name}")
+    freq_factors = None
+    rf = tensors_by_name.get("rope_freqs.weight")
+    if rf is not None:
+        freq_factors = _dequantize(rf, torch.float32).flatten().tolist()
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(emb.shape[1]),  # ggml dims are [ne0=hidden, ne1=vocab]
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        n_layers=int(get("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        max_position=int(get("context_length", 2048)),
+        tie_embeddings="output.weight" not in tensors_by_name,
+        qkv_bias="blk.0.attn_q.bias" in tensors_by_name,
+        rope_scaling=None,  # llama3 scaling arrives as rope_freq_factors
+        rope_freq_factors=freq_factors,
+        name=str(meta.get("general.name") or path.stem),
+        extra={"gguf_file_type": meta.get("general.file_type"), "format": "gguf"},
+    ).validate()
+
+
+def _numpy_shape(t) -> tuple:
+    # ggml lists dims innermost first; numpy/torch order is the reverse.
+    return tuple(int(d) for d in reversed(t.shape))
+
+
+def _dequantize(t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
+    """One GGUF tensor -> torch tensor in numpy order, dequantized a chunk of rows at a time.
+
+    Calls gguf's vectorized per-type ``dequantize_rows`` on whole chunks: ``gguf.quants.dequantize``
+    loops over groups of 16 rows, which is several times slower on big tensors. (Torch ports of the
+    block formats were tried and were slower on CPU than gguf's numpy.)
+    """
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType as Q
+
+    shape = _numpy_shape(t)
+    rows = t.data.shape[0]
+    cols = int(t.shape[0]) if t.shape else 1
+    out = torch.empty((rows, cols), dtype=dtype)
+    step = max(1, _CHUNK_ELEMS // max(1, cols))
+    for i in range(0, rows, step):
+        chunk = t.data[i : i + step]
+        if t.tensor_type == Q.F32:
+            vals = chunk.view(np.float32)
+        elif t.tensor_type == Q.F16:
+            vals = chunk.view(np.float16)
+        else:
+            vals = getattr(gq, t.tensor_type.name).dequantize_rows(chunk)
+        # copy_ converts to the target dtype; the source may be a read-only view of the mapped file
+        out[i : i + step].copy_(torch.from_numpy(np.array(vals, copy=True)).reshape(-1, cols))
+    return out.reshape(shape)
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> HF rotate-half halves)."""
+    d = w.shape[0]
+    hd = d // n_head
+    rest = w.shape[1:]
+    return w.reshape(n_head, hd // 2, 2, *rest).transpose(1, 2).reshape(d, *rest).contiguous()
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
+    gf = read_gguf(path)
+    meta = gf.metadata
+    by_name = {t.name: t for t in gf.tensors}
+    cfg = _gguf_config(meta, by_name, path)
+    want = expected_shapes(cfg)
+    supported = _supported_qtypes()
+    # Validate names, shapes and quant types before the (slow) dequantization.
+    for hf, shape in want.items():
+        g = _hf_to_gguf_name(hf)
+        t = by_name.get(g)
+        if t is None:
+            raise SwiftkError(f"GGUF {path.name}: missing tensor {g} ({hf})")
+        _check_shape(g, _numpy_shape(t), shape, hf)
+        if t.tensor_type not in supported:
+            raise SwiftkError(f"GGUF {path.name}: unsupported quant type {t.tensor_type.name} in tensor {g}")
+    tensors = {}
+    for hf in want:
+        g = _hf_to_gguf_name(hf)
+        w = _dequantize(by_name[g], dtype)
+        if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
+            w = _unpermute(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
+        tensors[hf] = w
+    try:
+        tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
+    except KeyError as e:
+        raise SwiftkError(f"GGUF {path.name}: tokenizer metadata lacks {e}") from e
+    ident = {
+        "name": cfg.name,
+        "path": str(path.resolve()),
+        "fingerprint": _fingerprint([path]),
+        "arch": cfg.arch,
+        "n_layers": cfg.n_layers,
+    }
+    return Checkpoint(cfg, tensors, tok, ident)
+
+
+def _fingerprint(files) -> str:
+    """Cheap content id: sizes plus the first and last MiB of each file (not a full hash)."""
+    h = hashlib.sha256()
+    for f in files:
+        size = os.path.getsize(f)
+        h.update(f"{Path(f).name}:{size};".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > (2 << 20):
+                fh.seek(size - (1 << 20))
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face directory
+# ---------------------------------------------------------------------------------------------
+def _safetensors_files(d: Path) -> list:
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise SwiftkError(f"{index} is not a valid safetensors index: {e}") from e
+        files = sorted({d / f for f in wm.values()})
+        for f in files:
+            if not f.is_file():
+                raise SwiftkError(f"{index} names a missing shard {f.name}")
+        return files
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise SwiftkError(f"{d} has no *.safetensors weights (pickled .bin checkpoints are not loaded)")
+    return files
+
+
+def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
+    from safetensors import safe_open
+
+    try:
+        raw = json.loads((d / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise SwiftkError(f"{d / 'config.json'} is not valid JSON: {e}") from e
+    try:
+        cfg = from_hf_config(raw, name=raw.get("_name_or_path") or raw.get("_model_name_or_path") or d.name)
+    except KeyError as e:
+        raise SwiftkError(f"{d / 'config.json'} lacks {e}") from e
+    cfg.extra["format"] = "hf"
+    want = expected_shapes(cfg)
+    files = _safetensors_files(d)
+    tensors, lm_head = {}, None
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    if k in want:
+                        t = sf.get_tensor(k)
+                        _check_shape(k, t.shape, want[k], f.name)
+                        tensors[k] = t.to(dtype)
+                    elif k == "lm_head.weight":
+                        lm_head = k
+        except SwiftkError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for damaged files
+            raise SwiftkError(f"cannot read {f}: corrupt or truncated safetensors file ({e})") from e
+    missing = [k for k in want if k not in tensors]
+    if missing:
+        raise SwiftkError(f"{d}: missing tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    del lm_head  # a tied model may still ship lm_head.weight; the runtime uses the embedding
+    tok = Tokenizer.from_hf_dir(d)
+    ident = {
+        "name": cfg.name,
+        "path": str(d.resolve()),
+        "fingerprint": _fingerprint([d / "config.json", *files]),
+        "arch": cfg.arch,
+        "n_layers": cfg.n_layers,
+    }
+    return Checkpoint(cfg, tensors, tok, ident)

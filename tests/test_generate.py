@@ -1,0 +1,138 @@
+"""Autoregressive generation on real SmolLM2-135M weights against Hugging Face transformers, plus API behaviour."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import swiftk
+from swiftk.errors import SwiftkError
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "Write a haiku about the sea.\n",
+    "import numpy as np\n\ndef softmax(x):\n    \"\"\"Numerically stable softmax.\"\"\"\n",
+    "Once upon a time, in a small village,",
+    "Q: What is 17 * 23?\nA:",
+]
+
+
+@pytest.fixture(scope="module")
+def eng(smollm2_path):
+    return swiftk.load(str(smollm2_path), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf(smollm2_path):
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32)
+    return m.eval()
+
+
+def test_logits_match_transformers_real_weights(eng, hf):
+    long_text = " ".join(PROMPTS) * 4  # > 100 tokens: RoPE at larger positions
+    for text in PROMPTS[:3] + [long_text]:
+        ids = eng.tokenizer.encode(text)
+        ours = eng.logits(ids)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        err = (ours - ref).abs().max().item()
+        assert err <= 1e-4 * ref.abs().max().item(), (text[:30], len(ids), err)
+    assert len(eng.tokenizer.encode(long_text)) > 100
+
+
+def test_greedy_identical_to_transformers_generate(eng, hf):
+    for text in PROMPTS[:5]:
+        ids = eng.tokenizer.encode(text)
+        out = eng.generate(ids, max_new_tokens=64, method="autoregressive")
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, num_beams=1,
+                              eos_token_id=sorted(eng.tokenizer.eos_ids), pad_token_id=0)[0, len(ids):].tolist()
+        assert out.token_ids == ref, text
+        assert out.stats["new_tokens"] == len(ref)
+
+
+def test_sampling_reproducible_with_seed(eng):
+    a = eng.generate("Tell me a story:", max_new_tokens=24, method="autoregressive", temperature=0.9, top_p=0.9, seed=7)
+    b = eng.generate("Tell me a story:", max_new_tokens=24, method="autoregressive", temperature=0.9, top_p=0.9, seed=7)
+    c = eng.generate("Tell me a story:", max_new_tokens=24, method="autoregressive", temperature=0.9, top_p=0.9, seed=8)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_stop_string_and_streaming(eng):
+    pieces = []
+    full = eng.generate("def add(a, b):", max_new_tokens=40, method="autoregressive")
+    assert "return" in full.text
+    out = eng.generate("def add(a, b):", max_new_tokens=40, method="autoregressive", stop=["return"],
+                       callback=pieces.append)
+    assert out.finish_reason == "stop"
+    assert "return" not in out.text and full.text.startswith(out.text)
+    assert "".join(pieces) == out.text
+    streamed = list(eng.stream("def add(a, b):", max_new_tokens=20, method="autoregressive"))
+    assert "".join(streamed) == eng.generate("def add(a, b):", max_new_tokens=20, method="autoregressive").text
+
+
+def test_eos_stops_generation(eng):
+    out = eng.generate("Hi!", chat=True, max_new_tokens=200, method="autoregressive")
+    assert out.finish_reason in ("eos", "length")
+    if out.finish_reason == "eos":
+        assert out.token_ids[-1] in eng.tokenizer.eos_ids
+    assert out.stats["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(prompt=""), "empty"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=-3), "max_new_tokens"),
+    (dict(max_new_tokens=10**6), "exceeds the context"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(method="beam"), "unknown method"),
+    (dict(skip_ratio=1.2), "skip_ratio"),
+    (dict(eps=2.0), "eps"),
+    (dict(context_window=0), "context_window"),
+    (dict(max_draft=0), "max_draft"),
+    (dict(bogus=1), "unknown SWIFT option"),
+])
+def test_bad_generate_input(eng, kw, msg):
+    kw = dict(kw)
+    prompt = kw.pop("prompt", "hello")
+    with pytest.raises(SwiftkError, match=msg):
+        eng.generate(prompt, **kw)
+
+
+def test_bad_load_input(smollm2_path):
+    with pytest.raises(SwiftkError, match="known model"):
+        swiftk.load("no-such-model")
+    with pytest.raises(SwiftkError, match="dtype"):
+        swiftk.load(str(smollm2_path), dtype="int3")
+    with pytest.raises(SwiftkError, match="device"):
+        swiftk.load(str(smollm2_path), device="tpu")
+    with pytest.raises(ValueError):  # SwiftkError is a ValueError
+        swiftk.load(str(smollm2_path), max_context=10**9)
+
+
+def test_module_generate_caches_engine(smollm2_path):
+    a = swiftk.generate("1, 2, 3,", model=str(smollm2_path), max_new_tokens=8, method="autoregressive")
+    b = swiftk.generate("1, 2, 3,", model=str(smollm2_path), max_new_tokens=8, method="autoregressive")
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+    assert len(swiftk.api._engines) >= 1
+
+
+def test_cli_generate_json(smollm2_path):
+    r = subprocess.run([sys.executable, "-m", "swiftk.cli", "generate", "def f(x):", "--model", str(smollm2_path),
+                        "-n", "12", "--method", "swift", "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["stats"]["new_tokens"] == 12
+    for key in ("mean_accepted_length", "acceptance_rate", "skip_set", "time_draft_s", "decoding_steps"):
+        assert key in out["stats"]
+    r = subprocess.run([sys.executable, "-m", "swiftk.cli", "generate", "x", "--model", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "known model" in r.stderr

@@ -1,0 +1,113 @@
+"""CUDA extension swiftk._C vs the torch reference twins.
+
+GPU tests are marked ``gpu`` and skipped without a CUDA device or without the built extension. The argument-check
+test runs wherever the extension imports (it returns before touching the GPU).
+Tolerance per element: |cuda - reference| <= tol * (1 + |reference|), fp32 1e-4, fp16 5e-3, bf16 3e-2.
+"""
+import math
+
+import pytest
+import torch
+
+from swiftk.ops import cuda_ops, reference as R
+
+EXT = cuda_ops.extension()
+needs_ext = pytest.mark.skipif(EXT is None, reason="swiftk._C not built")
+
+
+def gpu_test(f):
+    """Marked ``gpu``; skipped without a CUDA device or without the built extension."""
+    f = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")(f)
+    return pytest.mark.gpu(needs_ext(f))
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def close(a, b, dtype, scale=1.0):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    a, b = a.float(), b.float()
+    ratio = ((a - b).abs() / (1 + b.abs())).max().item()
+    assert ratio <= TOL[dtype] * scale, f"{ratio} > {TOL[dtype] * scale} ({dtype})"
+
+
+@pytest.fixture(scope="module")
+def cu():
+    def no_fallback(name):
+        def f(*a, **k):
+            raise AssertionError(f"{name} fell back: inputs should be served by the CUDA kernel")
+        return f
+    return cuda_ops.make_ops({name: no_fallback(name) for name in cuda_ops.CUDA_OPS})
+
+
+def tree_mask(T, g):
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        m[i, i] = True
+        if i:
+            m[i] |= m[int(torch.randint(0, i, (1,), generator=g))]
+    return m
+
+
+@needs_ext
+def test_c_abi_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        EXT.tree_attention(1, 1, 1, 1, 1, 2, 3, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, EXT.FLOAT32, 0)
+    with pytest.raises(ValueError, match="head_dim"):
+        EXT.tree_attention(1, 1, 1, 1, 1, 2, 2, 2, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, EXT.FLOAT32, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        EXT.kv_commit(1, 1, 1, 2, 1, 1, 64, 0, 0, 0, 0, 99, 0)
+    with pytest.raises(ValueError, match="new_residual"):
+        EXT.fused_add_rmsnorm(1, 1, 1, 0, 1, 0, 1, 64, 64, 64, 64, 64, 1e-6, EXT.FLOAT32, 0)
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H,KV,hd,P", [(1, 9, 3, 64, 300), (5, 3, 3, 128, 0), (70, 8, 2, 128, 129),
+                                         (12, 6, 2, 80, 9), (40, 32, 8, 256, 1000)])
+def test_tree_attention(cu, dtype, T, H, KV, hd, P):
+    g = torch.Generator().manual_seed(T + hd + P)
+    cache = torch.randn(3, 2, KV, P + T + 5, hd, generator=g).to(dtype).cuda()
+    k, v = cache[2, 0, :, : P + T], cache[2, 1, :, : P + T]
+    q = torch.randn(T, H, hd, generator=g).to(dtype).cuda()
+    bits = R.pack_tree_mask(tree_mask(T, g)).cuda()
+    s = 1 / math.sqrt(hd)
+    close(cu["tree_attention"](q, k, v, P, bits, s), R.tree_attention(q, k, v, P, bits, s), dtype, scale=2)
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 26])
+def test_kv_commit(cu, dtype, n):
+    g = torch.Generator().manual_seed(n)
+    P, L, KV, hd = 50, 4, 2, 128
+    cache = torch.randn(L, 2, KV, P + 64, hd, generator=g).to(dtype).cuda()
+    path = torch.sort(torch.randperm(60, generator=g)[:n]).values + P
+    path[0] = P
+    src, dst = path.cuda(), torch.arange(P, P + n).cuda()
+    want = cache.clone()
+    R.kv_commit(want, src, dst)
+    cu["kv_commit"](cache, src, dst)
+    assert torch.equal(cache, want)
+    # a permutation of the same slots: reads must see the old values
+    src2 = torch.flip(dst, [0])
+    R.kv_commit(want, src2, dst)
+    cu["kv_commit"](cache, src2, dst)
+    assert torch.equal(cache, want)
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 576, 4097])
+def test_fused_add_rmsnorm(cu, dtype, D):
+    g = torch.Generator().manual_seed(D)
+    T = 7
+    x, d, w = (torch.randn(*s, generator=g).to(dtype).cuda() for s in ((T, D), (T, D), (D,)))
+    skip = torch.tensor([False, True]).cuda()
+    for flag in (None, skip[0], skip[1]):
+        nk, rk = cu["fused_add_rmsnorm"](d, x, w, 1e-5, flag)
+        nr, rr = R.fused_add_rmsnorm(d, x, w, 1e-5, flag)
+        close(rk, rr, dtype)
+        close(nk, nr, dtype, scale=4)
+    close(cu["rmsnorm"](x, w, 1e-5), R.rmsnorm(x, w, 1e-5), dtype, scale=4)
