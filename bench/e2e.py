@@ -455,6 +455,11 @@ def run(a) -> int:
     load_s = time.perf_counter() - t0
     if need_hf and hf is None:
         print(f"!! HF baselines unavailable: {hf_why}", file=sys.stderr)
+    load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load_avg > (os.cpu_count() or 1) * 0.5:
+        # other processes compete for the cores: OpenMP threads then stall each other (100x+ slowdowns seen)
+        print(f"!! machine busy (load {load_avg:.1f} on {os.cpu_count()} cores): timings are unreliable; "
+              "--threads 1 suffers least", file=sys.stderr)
     L = eng.config.n_layers
     ee = ([int(x) for x in a.early_exit.split(",")] if a.early_exit else sorted({L // 2, (3 * L) // 4}))
     methods = expand_methods(requested, L, ee, bool(a.skip_set), hf is not None)
@@ -536,7 +541,7 @@ def run(a) -> int:
                  "swift_config": {k: (list(v) if isinstance(v, tuple) else v)
                                   for k, v in vars(eng.swift_config).items()},
                  "max_tree_nodes": eng.auto_tree_budget() if any(m in SWIFT_METHODS for m in methods) else None, "load_time_s": load_s,
-                 "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set},
+                 "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set, "load_average_at_start": load_avg},
         "results": results, "tuning": tuning, "roofline": roofline, "mismatches": mismatches,
     }
     paths = write_outputs(out_dir, tag, summary, runs, plots=not a.no_plots)
