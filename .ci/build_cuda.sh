@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Compile and link the CUDA kernels (kernels/*.cu) and host code (csrc/) for sm_80 and sm_90 with nvcc via CMake,
 # so a broken CUDA source fails CI. No GPU needed; nothing is run.
-# Env: PYTHON (default: /work/venv/bin/python if present, else python3), BUILD_DIR (default build/cuda-ci),
+# Env: PYTHON (default: the python3 on PATH, i.e. the active venv), BUILD_DIR (default build/cuda-ci),
 #      CUDA_ARCHS (default "80;90"), JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-$( [ -x /work/venv/bin/python ] && echo /work/venv/bin/python || command -v python3 )}"
+PYTHON="${PYTHON:-$(command -v python3)}"
 BUILD_DIR="${BUILD_DIR:-build/cuda-ci}"
 CUDA_ARCHS="${CUDA_ARCHS:-80;90}"
 JOBS="${JOBS:-$(nproc)}"

@@ -5,11 +5,11 @@ HF's rotate-half order), on CPU, in the requested dtype, checked against the con
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -153,108 +153,93 @@ class GGUFFile:
     tensors: list
 
 
-# GGUF value type ids -> struct format (string = 8, array = 9 handled separately).
-_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
-       10: np.uint64, 11: np.int64, 12: np.float64}
+# The reader's own header entries, which are not file metadata.
+_READER_PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
 
 
-class _Cursor:
-    """Little-endian reader over the mapped file; struct.error on overrun means a short file."""
+@functools.lru_cache(maxsize=None)
+def _reader_class():
+    from gguf import GGUFReader
 
-    def __init__(self, buf):
-        self.buf, self.pos = buf, 0
+    class _PlainViewReader(GGUFReader):
+        """GGUFReader over a plain ndarray view of its memmap.
 
-    def unpack(self, fmt):
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
+        The reader slices its ``data`` once per metadata value; on an ``np.memmap`` each slice pays
+        memmap's subclass bookkeeping, which makes a 150k-token vocabulary take seconds. A plain view
+        of the same mapping reads the same bytes about 2.5x faster (and keeps the mapping alive).
+        """
 
-    def string(self):
-        n = self.unpack("<Q")
-        if self.pos + n > len(self.buf):
-            raise struct.error("string runs past end of file")
-        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
-        self.pos += n
-        return s
+        @property
+        def data(self):
+            return self._plain_data
 
-    def value(self, vtype):
-        if vtype in _SCALAR:
-            return self.unpack(_SCALAR[vtype])
-        if vtype == 8:
-            return self.string()
-        if vtype == 9:
-            etype, n = self.unpack("<I"), self.unpack("<Q")
-            if etype in _NP:  # numeric arrays in one go: token_type has ~150k entries
-                dt = np.dtype(_NP[etype])
-                if self.pos + n * dt.itemsize > len(self.buf):
-                    raise struct.error("array runs past end of file")
-                a = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos).tolist()
-                self.pos += n * dt.itemsize
-                return a
-            return [self.value(etype) for _ in range(n)]
-        raise SwiftkError(f"unknown GGUF metadata value type {vtype}")
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray)
+
+    return _PlainViewReader
+
+
+def _text(part: np.ndarray) -> str:
+    # Lenient like llama.cpp: a stray invalid byte in one token must not make the whole file unreadable.
+    return part.tobytes().decode("utf-8", errors="replace")
+
+
+def _field_value(field):
+    """A reader field as a plain Python value (str, int, float, bool or a flat list of those)."""
+    from gguf import GGUFValueType as T
+
+    main = field.types[0] if field.types else None
+    if main == T.STRING:
+        return _text(field.parts[-1])
+    if main == T.ARRAY:
+        if len(field.types) < 2:  # an empty array records no element type
+            return []
+        if field.types[-1] == T.STRING:
+            return [_text(field.parts[i]) for i in field.data]
+        # One numpy view per element: join them in one go (token_type has ~150k entries).
+        # Nested arrays come out flattened, as the reader itself flattens them.
+        return np.concatenate([field.parts[i] for i in field.data]).tolist() if field.data else []
+    return field.contents()
 
 
 def read_gguf(path) -> GGUFFile:
-    """Parse a GGUF file's metadata and tensor index; tensor data stays memory-mapped.
-
-    The gguf package's reader is exact but builds a numpy view per string (seconds for a 150k-token
-    vocabulary), so the header is parsed here; dequantization still uses gguf.quants.
-    """
-    import mmap
-
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    """Parse a GGUF file's metadata and tensor index with gguf.GGUFReader; tensor data stays memory-mapped."""
+    from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
 
     path = Path(path)
     size = path.stat().st_size
+    # Magic and version are checked up front so those two get precise messages; the reader's own
+    # errors for them are plain ValueErrors, indistinguishable from a corrupt header.
     with open(path, "rb") as f:
-        if size < 24 or f.read(4) != b"GGUF":
-            raise SwiftkError(f"{path} is not a GGUF file (bad magic or too short)")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    buf = memoryview(mm)
-    c = _Cursor(buf)
-    c.pos = 4
+        head = f.read(8)
+    if len(head) < 8 or head[:4] != b"GGUF":
+        raise SwiftkError(f"{path} is not a GGUF file (bad magic or too short)")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in READER_SUPPORTED_VERSIONS:
+        hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
+        raise SwiftkError(f"{path}: unsupported GGUF version {version}{hint}")
     try:
-        version = c.unpack("<I")
-        if version not in (2, 3):
-            raise SwiftkError(f"{path}: unsupported GGUF version {version}")
-        n_tensors, n_kv = c.unpack("<Q"), c.unpack("<Q")
-        meta = {}
-        for _ in range(n_kv):
-            key = c.string()
-            meta[key] = c.value(c.unpack("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = c.string()
-            nd = c.unpack("<I")
-            dims = tuple(c.unpack("<Q") for _ in range(nd))
-            infos.append((name, dims, c.unpack("<I"), c.unpack("<Q")))
-    except struct.error as e:
-        raise SwiftkError(f"GGUF {path} is truncated or corrupt: header ends early ({e})") from None
-    align = int(meta.get("general.alignment", 32))
-    data_start = (c.pos + align - 1) // align * align
-    raw = np.frombuffer(mm, dtype=np.uint8)
+        reader = _reader_class()(path)
+    except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
+        if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
+            raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
+        raise SwiftkError(f"GGUF {path} is truncated or corrupt: {type(e).__name__}: {e}") from e
+    if reader.byte_order != "I":
+        raise SwiftkError(f"GGUF {path.name} has non-native byte order, which swiftk does not support")
+    meta = {name: _field_value(f) for name, f in reader.fields.items() if name not in _READER_PSEUDO_FIELDS}
     tensors = []
-    for name, dims, tid, off in infos:
-        try:
-            qtype = GGMLQuantizationType(tid)
-        except ValueError:
-            raise SwiftkError(f"GGUF {path.name}: unsupported quant type id {tid} in tensor {name}") from None
-        block, tsize = GGML_QUANT_SIZES[qtype]
-        n_elems = int(np.prod(dims)) if dims else 1
+    for rt in reader.tensors:
+        dims = tuple(int(d) for d in rt.shape)
+        n_bytes = int(rt.n_bytes)
+        end = int(rt.data_offset) + n_bytes
+        if end > size:
+            raise SwiftkError(f"GGUF {path} is truncated: tensor {rt.name} needs bytes up to {end}, file has {size}")
         row = dims[0] if dims else 1
-        if row % block:
-            raise SwiftkError(f"GGUF {path.name}: tensor {name} row length {row} is not a multiple of {qtype.name} block {block}")
-        n_bytes = n_elems // block * tsize
-        start = data_start + off
-        if start + n_bytes > size:
-            raise SwiftkError(
-                f"GGUF {path} is truncated: tensor {name} needs bytes up to {start + n_bytes}, file has {size}"
-            )
-        rows = n_elems // row
-        data = raw[start : start + n_bytes].reshape(rows, row // block * tsize)
-        tensors.append(GGUFTensor(name, qtype, dims, n_bytes, data))
+        rows = int(rt.n_elements) // row if row else 0
+        # The reader types F32/F16/int tensors; the dequantizer wants raw bytes, one row of blocks per row.
+        raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
+        tensors.append(GGUFTensor(rt.name, rt.tensor_type, dims, n_bytes, raw.reshape(rows, n_bytes // max(rows, 1))))
     return GGUFFile(meta, tensors)
 
 
