@@ -1,6 +1,7 @@
 """Engine: owns the model, the KV cache, the tokenizer and the SWIFT optimizer state across prompts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -178,6 +179,9 @@ class Engine:
         cfg = SwiftConfig.from_kwargs(self.swift_config, swift_kw) if swift_kw else self.swift_config
         ids = self.encode_prompt(prompt, chat)
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
+        if method == "swift" and not cfg.max_tree_nodes:
+            # measured before decoding starts: the timing passes write scratch KV into the cache
+            cfg = dataclasses.replace(cfg, max_tree_nodes=self.auto_tree_budget())
         bar = None
         if progress:
             from tqdm import tqdm

@@ -33,7 +33,10 @@ def _bo_suggest(X: np.ndarray, y: np.ndarray, kappa: float, alpha: float, seed: 
                                   acquisition_function=acquisition.UpperConfidenceBound(kappa=kappa),
                                   random_state=seed, verbose=0, allow_duplicate_points=True)
         bo.set_gp_params(alpha=alpha)
-        for xi, yi in zip(X, y):
+        # a skip set scored several times (on different windows) enters the GP once, with its mean score
+        uniq, inv = np.unique(X, axis=0, return_inverse=True)
+        means = np.bincount(inv.ravel(), weights=y) / np.bincount(inv.ravel())
+        for xi, yi in zip(uniq, means):
             bo.register(params=dict(zip(keys, xi.tolist())), target=float(yi))
         s = bo.suggest()
     return np.array([s[k] for k in keys])

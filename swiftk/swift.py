@@ -103,7 +103,7 @@ def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
     dev = model.device
     gen = sp.generator(dev)
     timer, log = Timer(), RoundLog()
-    max_nodes = cfg.max_tree_nodes or engine.auto_tree_budget()
+    max_nodes = cfg.max_tree_nodes
     bins = cfg.topk_greedy if sp.greedy else cfg.topk_sampling
     W = cfg.context_window
 

@@ -59,8 +59,7 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     closed under ancestors and keeps a prefix of each node's children in draw order -- which sampling acceptance
     needs when siblings were drawn without replacement.
     """
-    n_spine = 1 + max(0, len(levels) - 1) if levels else 1
-    # spine: root, then levels[j].tokens[0] for j < len(levels)-1
+    n_spine = max(1, len(levels))  # root + levels[j].tokens[0] for every level but the last
     parents = [-1]
     tokens = [root_token]
     score = [0.0]

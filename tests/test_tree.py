@@ -1,0 +1,51 @@
+"""Tree layout: spine first, topological order, budget cut keeps ancestors and a draw-order prefix of siblings."""
+import random
+
+import torch
+
+from swiftk.acceptance import ancestor_matrix
+from swiftk.ops.reference import unpack_tree_mask
+from swiftk.tree import GREEDY_TOPK, DraftLevel, build_tree, k_for_confidence
+
+
+def _levels(rng, depth):
+    out = []
+    for _ in range(depth):
+        k = rng.randint(1, 6)
+        probs = sorted((rng.random() for _ in range(k)), reverse=True)
+        out.append(DraftLevel(tokens=rng.sample(range(1000), k), probs=probs))
+    return out
+
+
+def test_layout_without_cut():
+    lv = [DraftLevel([10, 11, 12], [0.9, 0.05, 0.01]), DraftLevel([20, 21], [0.6, 0.3])]
+    t = build_tree(7, lv, prefix_len=5, max_nodes=64, device="cpu")
+    assert t.tokens.tolist() == [7, 10, 11, 12, 20, 21]
+    assert t.parents.tolist() == [-1, 0, 0, 0, 1, 1]
+    assert t.depth.tolist() == [0, 1, 1, 1, 2, 2]
+    assert t.n_spine == 2 and t.mask.prefix_len == 5
+    assert torch.equal(unpack_tree_mask(t.mask.bits, 6), ancestor_matrix(t.parents))
+
+
+def test_random_cuts_are_closed_and_prefix_ordered():
+    rng = random.Random(0)
+    for _ in range(200):
+        lv = _levels(rng, rng.randint(1, 8))
+        full = build_tree(1, lv, 0, 10_000, "cpu")
+        budget = rng.randint(1, full.size)
+        t = build_tree(1, lv, 0, budget, "cpu")
+        assert t.size == budget
+        par = t.parents.tolist()
+        assert par[0] == -1 and all(0 <= p < i for i, p in enumerate(par) if i)
+        # spine nodes are a prefix and form a chain
+        assert all(par[i] == i - 1 for i in range(1, t.n_spine))
+        # siblings kept are a prefix of each parent's children in the full tree (draw order)
+        fpar, ftok = full.parents.tolist(), full.tokens.tolist()
+        for p in range(t.n_spine):
+            kept = [t.tokens[i].item() for i in range(t.size) if par[i] == p]
+            allc = [ftok[i] for i in range(full.size) if fpar[i] == p]
+            assert kept == allc[: len(kept)]
+
+
+def test_k_for_confidence_bins():
+    assert [k_for_confidence(p, GREEDY_TOPK) for p in (0.99, 0.9, 0.6, 0.1)] == [3, 5, 8, 10]
