@@ -13,7 +13,11 @@ SWIFT variants (one engine; their optimizer states are swapped in and out of it)
   across the workload's prompts as a user's session would.
 - ``swift-warm``: a tuning pass (fresh optimizer, SWIFT over the same prompts, run before the measured pass) saves
   its best skip set; the measured pass loads it (``eng.load_skip_set``) and does not optimize.
-- ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization.
+- ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization. With a file from ``swiftk optimize`` run
+  on another task this is the Self-SD static comparison (a set found offline on one task, applied to others).
+
+Other swiftk drafting modes: ``swiftk-ee<E>`` = early-exit draft (layers 0..E-1 + LM head) with the KVQ cache
+(``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``).
 
 Writes under ``--out`` (file names carry model, dtype, device kind and date): ``*.samples.jsonl`` (Spec-Bench
 fields + ours), ``*.summary.json``, ``*.md`` (the tables printed at the end) and plots (``bench.plots``).
@@ -39,7 +43,7 @@ from swiftk.errors import SwiftkError
 AR, COLD, WARM, SAVED = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved"
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
 SWIFT_METHODS = (COLD, WARM, SAVED)
-DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, "hf-ee", HF_PLD)  # "hf-ee" expands to hf-ee<E> per E
+DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
 
@@ -221,14 +225,14 @@ class SwiftState:
             self._grab(eng)
 
 
-def _swiftk_run(eng, ids, max_new, state=None) -> dict:
+def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
     dev = eng.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sync(dev)
     t0 = time.perf_counter()
     if state is None:
-        r = eng.generate(ids, max_new_tokens=max_new, method="autoregressive")
+        r = eng.generate(ids, max_new_tokens=max_new, **({"method": "autoregressive"} | gen_kw))
     else:
         r = state.run(eng, ids, max_new)
     sync(dev)
@@ -236,7 +240,7 @@ def _swiftk_run(eng, ids, max_new, state=None) -> dict:
     s = r.stats
     out = {"token_ids": r.token_ids, "text": r.text, "wall_time_s": wall, "new_tokens": len(r.token_ids),
            "finish_reason": r.finish_reason, "decoding_steps": s.get("decoding_steps", len(r.token_ids))}
-    if state is None:
+    if s["method"] == "autoregressive":
         out.update(accept_lengths=[1] * max(0, len(r.token_ids) - 1), drafted=0, accepted=0)
     else:
         out.update(accept_lengths=s["accept_lengths"], drafted=s["drafted_tokens"], accepted=s["accepted_tokens"],
@@ -263,6 +267,10 @@ def _hf_run(hf, ids, max_new, method, **kw) -> dict:
     return r
 
 
+def _ee_layer(m: str) -> int:
+    return int(m.rsplit("ee", 1)[1])
+
+
 def _count(items) -> dict:
     out = {}
     for x in items:
@@ -274,16 +282,16 @@ def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_h
     """Method names to run, in canonical order, with hf-ee expanded to one method per early-exit layer."""
     out = []
     for m in names:
-        if m == "hf-ee":
-            out += [f"hf-ee{e}" for e in early_exit]
-        elif m.startswith("hf-ee") and m[5:].isdigit():
+        if m in ("hf-ee", "swiftk-ee"):
+            out += [f"{m}{e}" for e in early_exit]
+        elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
         elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED):
             out.append(m)
         else:
-            raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)} or hf-ee<E>")
+            raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)}, hf-ee<E> or swiftk-ee<E>")
     for m in out:
-        if m.startswith("hf-ee") and not 1 <= int(m[5:]) < n_layers:
+        if "-ee" in m and not 1 <= _ee_layer(m) < n_layers:
             raise SwiftkError(f"{m}: early-exit layer must be in [1, {n_layers - 1}]")
     if not have_skip_set:
         out = [m for m in out if m != SAVED]
@@ -411,7 +419,8 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma list of " + ", ".join(DEFAULT_METHODS) + " (hf-ee = one per --early-exit), hf-ee<E>")
-    ap.add_argument("--early-exit", default=None, help="comma list of HF early-exit layers (default n/2, 3n/4)")
+    ap.add_argument("--early-exit", default=None, help="comma list of early-exit layers (default n/2, 3n/4)")
+    ap.add_argument("--kvq", type=int, default=1, choices=[0, 1], help="KVQ cache for swiftk-ee (default 1)")
     ap.add_argument("--skip-set", default=None, help="skip set JSON for swift-saved")
     ap.add_argument("--tune-passes", type=int, default=1,
                     help="passes of the tuning run that makes the swift-warm skip set (stops early once optimized)")
@@ -473,11 +482,14 @@ def run(a) -> int:
     # Warm-up: first calls pay one-off costs (allocations, lazy imports, the SWIFT tree budget measurement).
     wid = prompts[workloads[0]][0]["ids"]
     _swiftk_run(eng, wid, 8)
-    if any(m in SWIFT_METHODS for m in methods):
+    if any(m in SWIFT_METHODS or m.startswith("swiftk-ee") for m in methods):
         t = time.perf_counter()
         budget = eng.auto_tree_budget()
         print(f"# SWIFT verify budget {budget} nodes (measured in {time.perf_counter() - t:.1f}s)")
         SwiftState(eng).run(eng, wid, 8)
+    for m in methods:
+        if m.startswith("swiftk-ee"):
+            _swiftk_run(eng, wid, 8, method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
     hf_dead: dict = {}
     for m in methods:
         if m.startswith("hf-"):
@@ -508,6 +520,9 @@ def run(a) -> int:
                 if m.startswith("hf-"):
                     r = _hf_call(hf, it["ids"], a.max_new_tokens, m)
                     r["text"] = eng.tokenizer.decode(r["token_ids"])
+                elif m.startswith("swiftk-ee"):
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="early_exit", exit_layer=_ee_layer(m),
+                                    kvq=bool(a.kvq))
                 else:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states.get(m))
                 r.update(method=m, workload=w, prompt_id=it["id"], category=it["category"], stream_index=i)
@@ -540,7 +555,7 @@ def run(a) -> int:
                                                                            "parameters", "backends")},
                  "swift_config": {k: (list(v) if isinstance(v, tuple) else v)
                                   for k, v in vars(eng.swift_config).items()},
-                 "max_tree_nodes": eng.auto_tree_budget() if any(m in SWIFT_METHODS for m in methods) else None, "load_time_s": load_s,
+                 "max_tree_nodes": eng.auto_tree_budget() if any(m != AR and not m.startswith("hf-") for m in methods) else None, "load_time_s": load_s,
                  "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set, "load_average_at_start": load_avg},
         "results": results, "tuning": tuning, "roofline": roofline, "mismatches": mismatches,
     }
@@ -559,7 +574,7 @@ def _hf_call(hf, ids, max_new, m) -> dict:
         return _hf_run(hf, ids, max_new, "greedy")
     if m == HF_PLD:
         return _hf_run(hf, ids, max_new, "prompt_lookup")
-    return _hf_run(hf, ids, max_new, "early_exit", early_exit_layers=int(m[5:]))
+    return _hf_run(hf, ids, max_new, "early_exit", early_exit_layers=_ee_layer(m))
 
 
 def _tune(eng, items, max_new, passes, path) -> dict:

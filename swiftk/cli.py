@@ -1,4 +1,4 @@
-"""``swiftk`` command line: generate, pull, info."""
+"""``swiftk`` command line: generate, optimize, pull, info."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     _common(g)
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default="swift", choices=["swift", "autoregressive"])
+    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static"])
+    g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
     g.add_argument("--temperature", "-t", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -31,10 +32,22 @@ def main(argv=None) -> int:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print text and statistics as JSON")
-    g.add_argument("--skip-set", help="load a saved skip set (JSON) and skip optimization")
+    g.add_argument("--skip-set", help="a saved skip set (JSON): swift starts from it without optimizing; static "
+                   "decodes with it")
     g.add_argument("--save-skip-set", help="write the skip set found to this JSON file")
     g.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
                    help="SWIFT option, e.g. --swift skip_ratio=0.4 --swift max_tree_nodes=16")
+
+    o = sub.add_parser("optimize", help="Self-SD: search a static skip set offline (tokens/s on calibration prompts)")
+    _common(o)
+    o.add_argument("--prompts", required=True, help="calibration prompts: .jsonl (prompt/text/turns) or one per line")
+    o.add_argument("--out", required=True, help="skip-set JSON to write (use with --method static --skip-set)")
+    o.add_argument("--iterations", type=int, default=30, help="skip sets to evaluate in all (resumed ones count)")
+    o.add_argument("--init", type=int, default=8, help="random sets before Bayesian optimization starts")
+    o.add_argument("--max-new-tokens", "-n", type=int, default=64)
+    o.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    o.add_argument("--state", help="search state file (default OUT.state.json); an existing one is resumed")
+    o.add_argument("--seed", type=int, default=0)
 
     p = sub.add_parser("pull", help="download a registry model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
@@ -45,7 +58,7 @@ def main(argv=None) -> int:
 
     args = ap.parse_args(argv)
     try:
-        return {"generate": _generate, "pull": _pull, "info": _info}[args.cmd](args)
+        return {"generate": _generate, "optimize": _optimize, "pull": _pull, "info": _info}[args.cmd](args)
     except SwiftkError as e:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
@@ -69,12 +82,17 @@ def _generate(a) -> int:
 
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
-    if a.skip_set:
+    extra = {}
+    if a.method == "static":
+        extra["skip_set"] = a.skip_set
+    elif a.skip_set:
         eng.load_skip_set(a.skip_set)
+    if a.exit_layer is not None or a.method == "early_exit":
+        extra["exit_layer"] = a.exit_layer
     stream = None if a.json else (lambda piece: print(piece, end="", flush=True))
     out = eng.generate(prompt, max_new_tokens=a.max_new_tokens, method=a.method, temperature=a.temperature,
                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, callback=stream,
-                       progress=a.json and sys.stderr.isatty(), **_parse_kv(a.swift))
+                       progress=a.json and sys.stderr.isatty(), **extra, **_parse_kv(a.swift))
     if a.save_skip_set:
         eng.save_skip_set(a.save_skip_set)
     if a.json:
@@ -84,9 +102,27 @@ def _generate(a) -> int:
         print()
         s = out.stats
         extra = ""
-        if s["method"] == "swift":
+        if s["method"] != "autoregressive":
             extra = f", M={s['mean_accepted_length']:.2f}, alpha={s['acceptance_rate']:.2f}"
         print(f"[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['method']}{extra}]", file=sys.stderr)
+    return 0
+
+
+def _optimize(a) -> int:
+    import swiftk
+    from .selfsd import OfflineSearch, read_prompts
+
+    prompts = read_prompts(a.prompts)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    state = a.state or (a.out + ".state.json")
+    search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
+                           chat=a.chat, state_path=state, seed=a.seed)
+    best = search.run(progress=sys.stderr.isatty())
+    path = search.write(a.out, best)
+    s = eng.read_skip_set(path)
+    print(f"{path}: {int(s.sum())} of {s.numel()} sublayers skipped; {best['tokens_per_s']:.1f} tok/s, "
+          f"M={best['M']:.2f}, alpha={best['alpha']:.2f} on {len(prompts)} prompt(s) "
+          f"(best of {len(search.history)}; state in {state})")
     return 0
 
 

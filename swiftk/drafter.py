@@ -3,6 +3,10 @@
 Draft steps read the committed target KV for the prefix and write their own KV (for the sublayers they compute)
 into scratch slots past the committed length; the verify pass overwrites those slots, so nothing is copied or
 cloned. Drafting stops when the draft's top-1 probability drops below ``eps`` or ``max_draft`` tokens are drafted.
+
+KVQ cache (``boundary=f``): every sublayer before layer f is computed by the draft exactly as the target computes
+it, so the KV it writes there for the spine tokens is the target's own, and the residual entering layer f (the
+exit query) is kept per spine token; the verify pass then starts those tokens at layer f (swift.verify).
 """
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from .tree import DraftLevel, k_for_confidence
 
 
 def draft(model, cache, root_token: int, skip: torch.Tensor, sp, gen, *, max_draft: int, eps: float,
-          max_spine: int, topk_bins) -> list:
-    """Returns one DraftLevel per drafted depth (level j = candidates for the child of spine node j)."""
+          max_spine: int, topk_bins, boundary=None) -> list:
+    """Returns one DraftLevel per drafted depth (level j = candidates for the child of spine node j, and with
+    ``boundary`` the residual of spine node j entering that layer)."""
     dev = model.device
     n = cache.length
     levels = []
@@ -23,7 +28,11 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sp, gen, *, max_dra
     pos = torch.empty(1, dtype=torch.long, device=dev)
     for j in range(min(max_draft, max_spine)):
         pos.fill_(n + j)
-        logits = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip)[0]
+        out = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary)
+        hidden = None
+        if boundary is not None:
+            out, hidden = out
+        logits = out[0]
         if sp.greedy:
             probs = torch.softmax(logits.float(), dim=-1)
             top_p, top_i = torch.topk(probs, kmax)
@@ -38,6 +47,7 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sp, gen, *, max_dra
             # children drawn without replacement from q; acceptance uses the matching conditional
             toks = sample_without_replacement(q, k, gen).tolist()
             level = DraftLevel(tokens=toks, probs=q[toks].tolist(), dist=q)
+        level.hidden = hidden
         levels.append(level)
         if conf < eps:
             break

@@ -77,31 +77,87 @@ class Engine:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1)
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a skip set is meant to be shared
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def load_skip_set(self, path: Union[str, os.PathLike], optimize: bool = False) -> None:
-        """Use a saved skip set; by default stop optimizing (the acceleration phase starts at once)."""
+    def read_skip_set(self, path: Union[str, os.PathLike]) -> torch.Tensor:
+        """Parse a skip-set JSON file written by save_skip_set / ``swiftk optimize`` for this model."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise SwiftkError(f"cannot read skip set file {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise SwiftkError(f"skip set file {path}: expected a JSON object, got {type(data).__name__}")
         L = self.config.n_layers
-        if data.get("n_layers") != L or data.get("model", {}).get("name") != self.identity.get("name"):
-            raise SwiftkError(f"skip set in {path} is for model {data.get('model', {}).get('name')!r} with "
+        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        if data.get("n_layers") != L or model.get("name") != self.identity.get("name"):
+            raise SwiftkError(f"skip set in {path} is for model {model.get('name')!r} with "
                               f"{data.get('n_layers')} layers, not {self.identity.get('name')!r} with {L}")
+        return self.skip_set_from_layers(data.get("attention", []), data.get("mlp", []), where=f"skip set in {path}")
+
+    def skip_set_from_layers(self, attention, mlp, where: str = "skip set") -> torch.Tensor:
+        """bool [2L] from lists of layer indices whose attention / MLP sublayer the draft skips."""
+        L = self.config.n_layers
         s = torch.zeros(2 * L, dtype=torch.bool)
-        for key, off in (("attention", 0), ("mlp", 1)):
-            for layer in data.get(key, []):
-                if not 0 < int(layer) < L - 1:
-                    raise SwiftkError(f"skip set in {path}: layer {layer} cannot be skipped (first/last or out of range)")
-                s[2 * int(layer) + off] = True
+        for key, layers, off in (("attention", attention, 0), ("mlp", mlp, 1)):
+            if not isinstance(layers, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                for x in layers):
+                raise SwiftkError(f"{where}: {key!r} must be a list of layer indices, got {layers!r}")
+            for layer in layers:
+                if not 0 < layer < L - 1:
+                    raise SwiftkError(f"{where}: layer {layer} cannot be skipped (first/last or out of range 0..{L - 1})")
+                s[2 * layer + off] = True
+        return s
+
+    def load_skip_set(self, path: Union[str, os.PathLike], optimize: bool = False) -> None:
+        """Use a saved skip set; by default stop optimizing (the acceleration phase starts at once)."""
+        s = self.read_skip_set(path)
         self.skip_set = s
         if not optimize:
             self.optimizer.finish()
             self.optimizer.best = s
+
+    def early_exit_skip_set(self, exit_layer: int) -> torch.Tensor:
+        """The early-exit draft as a skip set: every sublayer from ``exit_layer`` on is skipped."""
+        L = self.config.n_layers
+        if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer < L:
+            raise SwiftkError(f"exit_layer must be an int in [1, {L - 1}] for this {L}-layer model, got {exit_layer!r}")
+        s = torch.zeros(2 * L, dtype=torch.bool)
+        s[2 * exit_layer:] = True
+        return s
+
+    def _fixed_skip(self, method: str, exit_layer, skip_set, optimize_kw) -> Optional[torch.Tensor]:
+        """The draft's skip set when it is fixed for this call (early exit, static set), else None (SWIFT state)."""
+        if exit_layer is not None and method != "early_exit":
+            raise SwiftkError(f"exit_layer is an option of method='early_exit', not {method!r}")
+        if method == "early_exit":
+            if exit_layer is None:
+                raise SwiftkError("method='early_exit' needs exit_layer=E (the draft runs layers 0..E-1)")
+            if skip_set is not None:
+                raise SwiftkError("method='early_exit' takes exit_layer, not skip_set")
+            return self.early_exit_skip_set(exit_layer)
+        if skip_set is None:
+            if method == "static":
+                raise SwiftkError("method='static' needs skip_set=PATH (a file from save_skip_set or swiftk optimize)")
+            return None
+        if method == "autoregressive":
+            raise SwiftkError("skip_set is an option of the speculative methods, not 'autoregressive'")
+        if optimize_kw:
+            raise SwiftkError("skip_set=... decodes with that set without optimizing; to keep optimizing from it "
+                              "use engine.load_skip_set(path, optimize=True)")
+        if isinstance(skip_set, torch.Tensor):
+            n = 2 * self.config.n_layers
+            if skip_set.dtype != torch.bool or tuple(skip_set.shape) != (n,):
+                raise SwiftkError(f"skip_set tensor must be bool of shape [{n}], got {skip_set.dtype} {tuple(skip_set.shape)}")
+            return skip_set.cpu()
+        if isinstance(skip_set, dict):
+            return self.skip_set_from_layers(skip_set.get("attention", []), skip_set.get("mlp", []))
+        if isinstance(skip_set, (str, os.PathLike)):
+            return self.read_skip_set(skip_set)
+        raise SwiftkError(f"skip_set must be a file path, a dict of layer lists or a bool tensor, got {type(skip_set).__name__}")
 
     def auto_tree_budget(self) -> int:
         """Largest verify size whose cost stays within 1.6x one decode step (measured once per engine).
@@ -133,10 +189,9 @@ class Engine:
             c1 = cost(1)
             budget = 4
             for T in (8, 12, 16, 24, 32, 48, 64):
+                # not "stop at the first miss": one noisy timing must not cut the budget short
                 if cost(T) <= 1.6 * c1:
                     budget = T
-                else:
-                    break
             self._tree_budget = budget
         return self._tree_budget
 
@@ -165,11 +220,15 @@ class Engine:
     def generate(self, prompt, max_new_tokens: int = 128, method: str = "swift", temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
                  chat: bool = False, callback: Optional[Callable[[str], None]] = None,
-                 progress: bool = False, **swift_kw) -> GenerationResult:
-        """Generate a continuation. ``method``: "swift" (default) or "autoregressive"; greedy when temperature == 0.
+                 progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
+                 **swift_kw) -> GenerationResult:
+        """Generate a continuation; greedy when temperature == 0.
 
-        ``callback(text_piece)`` streams text as it is produced; SWIFT keyword options (see SwiftConfig) apply to
-        this call only.
+        ``method``: "swift" (default: layer-skip draft, skip set optimized on the fly), "autoregressive",
+        "early_exit" (draft = layers 0..exit_layer-1, then the LM head) or "static" (draft with ``skip_set``, e.g.
+        from ``swiftk optimize``; "swift" with ``skip_set`` does the same). ``skip_set``: a JSON path, a dict
+        {"attention": [...], "mlp": [...]} or a bool tensor [2L]. ``callback(text_piece)`` streams text as it is
+        produced; SWIFT keyword options (see SwiftConfig) apply to this call only.
         """
         if method not in METHODS:
             raise SwiftkError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
@@ -177,9 +236,10 @@ class Engine:
             stop = [stop]
         sp = SamplingParams(temperature, top_k, top_p, seed).validate()
         cfg = SwiftConfig.from_kwargs(self.swift_config, swift_kw) if swift_kw else self.swift_config
+        fixed = self._fixed_skip(method, exit_layer, skip_set, swift_kw.get("optimize"))
         ids = self.encode_prompt(prompt, chat)
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
-        if method == "swift" and not cfg.max_tree_nodes:
+        if method != "autoregressive" and not cfg.max_tree_nodes:
             # measured before decoding starts: the timing passes write scratch KV into the cache
             cfg = dataclasses.replace(cfg, max_tree_nodes=self.auto_tree_budget())
         bar = None
@@ -200,11 +260,13 @@ class Engine:
             if method == "autoregressive":
                 stats = autoregressive(self, ids, sp, sink)
             else:
-                stats = swift_decode(self, ids, sp, sink, cfg)
+                stats = swift_decode(self, ids, sp, sink, cfg, skip=fixed)
         finally:
             if bar is not None:
                 bar.close()
         wall = time.perf_counter() - t0
+        if method == "early_exit":
+            stats["exit_layer"] = exit_layer
         stats = {"method": method, "new_tokens": len(sink.ids), "prompt_tokens": len(ids), "wall_time_s": wall,
                  "tokens_per_s": rate(len(sink.ids), wall), **stats}
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,

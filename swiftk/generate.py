@@ -15,7 +15,7 @@ import torch
 from .errors import SwiftkError
 from .sampling import process_logits, sample, validate_sampling_params
 
-METHODS = ("swift", "autoregressive")
+METHODS = ("swift", "autoregressive", "early_exit", "static")
 
 
 @dataclass

@@ -87,6 +87,18 @@ class Layer:
     w_down: torch.Tensor
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, K] times w [N, K] transposed -> [T, N].
+
+    On CPU, for T >= 2, MKL's x @ w.T runs 1.6-3x slower than a single-row GEMV, so a verify pass would
+    cost several decode steps; the same product written as (w @ x.T).T streams the weight once and costs about
+    one decode step (measured by bench/test_micro.py::test_linear). T = 1 keeps the GEMV form.
+    """
+    if x.device.type == "cpu" and x.shape[0] > 1:
+        return (w @ x.T).T
+    return x @ w.T
+
+
 class Model:
     def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32):
         self.cfg = cfg
@@ -145,19 +157,40 @@ class Model:
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
-    def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None):
+    def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None, *,
+                start_layer: int = 0, hidden=None, stop_layer=None, capture_layer=None):
+        """Logits [T (or len(logits_idx)), vocab] float32 for T new tokens at ``positions``, KV written at ``slots``.
+
+        Partial passes (the KVQ cache of the early-exit / layer-skip drafts uses them):
+        - ``stop_layer=E``: run layers [start_layer, E) only and return the residual stream entering layer E [T, D];
+        - ``start_layer=E, hidden=h``: start from residual ``h`` entering layer E instead of the embeddings;
+        - ``capture_layer=E``: also return the residual entering layer E: (logits, h).
+        """
         c, ops = self.cfg, self.ops
         T = token_ids.shape[0]
         H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        n_layers = c.n_layers
+        stop = n_layers if stop_layer is None else stop_layer
+        if not 0 <= start_layer <= stop <= n_layers or (start_layer > 0) != (hidden is not None):
+            raise SwiftkError(f"bad partial pass: layers [{start_layer}, {stop}) of {n_layers}, hidden given: "
+                              f"{hidden is not None} (hidden is the residual entering start_layer > 0)")
         attend = self._attention_plan(T, slots, cache, attn_mask)
         skip_flags = self._skip_flags(skip)
+        # Past the last computed sublayer the residual no longer changes: stop there (an early-exit draft reads
+        # no weight of the layers it skips).
+        last = max((i for i in range(2 * start_layer, 2 * stop) if not skip_flags[i]), default=-1)
+        end = stop if stop < n_layers else min(stop, last // 2 + 1)
 
-        h = self.embed[token_ids]                                   # residual stream [T, D]
-        x = ops.rmsnorm(h, self.layers[0].attn_norm, c.rms_eps)     # input of the next sublayer
-        for li, L in enumerate(self.layers):
+        h = self.embed[token_ids] if hidden is None else hidden    # residual stream [T, D]
+        captured = h.clone() if capture_layer == start_layer else None
+        x = ops.rmsnorm(h, self.layers[start_layer].attn_norm, c.rms_eps) if start_layer < end else None
+        for li in range(start_layer, end):
+            L = self.layers[li]
+            if li == capture_layer and li > start_layer:
+                captured = h.clone()
             kv = cache.data[li]
             if not skip_flags[2 * li]:
-                qkv = x @ L.wqkv.T
+                qkv = linear(x, L.wqkv)
                 if L.bqkv is not None:
                     qkv = qkv + L.bqkv
                 q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
@@ -165,19 +198,26 @@ class Model:
                 k = ops.apply_rope(k.view(T, KV, hd), positions, self.inv_freq)
                 kv[0, :, slots] = k.transpose(0, 1)
                 kv[1, :, slots] = v.view(T, KV, hd).transpose(0, 1)
-                o = attend(q, kv) @ L.wo.T
+                o = linear(attend(q, kv), L.wo)
                 x, h = ops.fused_add_rmsnorm(o.reshape(T, -1), h, L.mlp_norm, c.rms_eps)
             else:
                 x = ops.rmsnorm(h, L.mlp_norm, c.rms_eps)
-            nxt_norm = self.layers[li + 1].attn_norm if li + 1 < c.n_layers else self.norm
+            nxt_norm = self.layers[li + 1].attn_norm if li + 1 < n_layers else self.norm
             if not skip_flags[2 * li + 1]:
-                m = ops.swiglu(x @ L.w_gate_up.T) @ L.w_down.T
+                m = linear(ops.swiglu(linear(x, L.w_gate_up)), L.w_down)
                 x, h = ops.fused_add_rmsnorm(m, h, nxt_norm, c.rms_eps)
             else:
                 x = ops.rmsnorm(h, nxt_norm, c.rms_eps)
+        if stop < n_layers:
+            return h
+        if capture_layer is not None and captured is None:
+            captured = h.clone()  # every sublayer from capture_layer on was skipped: h is its input
+        if end < n_layers or x is None:
+            x = ops.rmsnorm(h, self.norm, c.rms_eps)
         if logits_idx is not None:
             x = x[logits_idx]
-        return (x @ self.lm_head.T).float()
+        logits = linear(x, self.lm_head).float()
+        return logits if capture_layer is None else (logits, captured)
 
     def _skip_flags(self, skip) -> list:
         n = self.cfg.n_sublayers

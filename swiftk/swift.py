@@ -17,6 +17,7 @@ from .acceptance import accept_greedy, accept_sampling
 from .drafter import draft
 from .errors import SwiftkError
 from .generate import Timer
+from .ops.reference import unpack_tree_mask
 from .tree import GREEDY_TOPK, SAMPLING_TOPK, build_tree
 
 
@@ -38,6 +39,7 @@ class SwiftConfig:
     topk_sampling: tuple = SAMPLING_TOPK
     bo_mode: str = "process"        # where GP suggestions are computed: process | thread | sync
     opt_seed: int = 0
+    kvq: bool = False               # reuse the draft's exact KV/exit state below the first skipped layer (KVQ cache)
 
     def validate(self) -> "SwiftConfig":
         if not 0.0 < self.skip_ratio < 1.0:
@@ -98,7 +100,36 @@ class RoundLog:
     matchness: list = field(default_factory=list)        # (generated tokens so far, matchness, source)
 
 
-def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
+def kvq_boundary(skip: torch.Tensor) -> int:
+    """First layer with a skipped sublayer: below it the draft computes exactly what the target computes."""
+    idx = torch.nonzero(skip.cpu()).flatten()
+    return int(idx[0]) // 2 if idx.numel() else skip.shape[0] // 2
+
+
+def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
+    """One target pass over the tree -> logits [N, vocab].
+
+    With a KVQ ``boundary`` f, the spine nodes the draft already ran start at layer f from their kept residual
+    (their KV below f is in place); only the other nodes run layers [0, f), attending to the prefix and their
+    ancestors, before all nodes run layers [f, L) together.
+    """
+    n, N, dev = tree.mask.prefix_len, tree.size, model.device
+    slots = torch.arange(n, n + N, device=dev)
+    pos = n + tree.depth
+    if boundary is None or not levels or levels[0].hidden is None:
+        return model.forward(tree.tokens, pos, slots, cache, attn_mask=tree.mask)
+    ns = tree.n_spine
+    h = torch.empty(N, model.cfg.hidden_size, dtype=model.dtype, device=dev)
+    h[:ns] = torch.cat([levels[j].hidden for j in range(ns)])
+    if ns < N:
+        anc = unpack_tree_mask(tree.mask.bits, N)[ns:]
+        mask = torch.cat([torch.ones(N - ns, n, dtype=torch.bool, device=dev), anc], dim=1)
+        h[ns:] = model.forward(tree.tokens[ns:], pos[ns:], slots[ns:], cache, attn_mask=mask, stop_layer=boundary)
+    return model.forward(tree.tokens, pos, slots, cache, attn_mask=tree.mask, start_layer=boundary, hidden=h)
+
+
+def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig, skip=None) -> dict:
+    """Decode with the SWIFT loop. ``skip`` fixes the draft's skip set (early exit, static sets): no optimization."""
     model, cache = engine.model, engine.cache
     dev = model.device
     gen = sp.generator(dev)
@@ -106,6 +137,9 @@ def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
     max_nodes = cfg.max_tree_nodes
     bins = cfg.topk_greedy if sp.greedy else cfg.topk_sampling
     W = cfg.context_window
+    boundary_of = (None, None)  # (skip set, its KVQ boundary layer) when cfg.kvq
+    if skip is not None:
+        skip = skip.to(dev)
 
     t = time.perf_counter()
     P = len(prompt_ids)
@@ -122,7 +156,7 @@ def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
     while not stop:
         n = cache.length
         generated = n - P + 1  # tokens generated in this sequence, the pending one included
-        opt = engine.optimizer if cfg.optimize else None
+        opt = engine.optimizer if cfg.optimize and skip is None else None
         phase = "accelerate"
         if opt is not None and not opt.done:
             phase = "context"
@@ -137,16 +171,17 @@ def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
                 log.matchness.append((engine.tokens_seen + len(sink.ids), m, src))
                 engine.skip_set = opt.best
                 t = timer.add("optimize", t)
-        skip = engine.skip_set_device()
+        draft_skip = engine.skip_set_device() if skip is None else skip
+        if cfg.kvq and boundary_of[0] is not draft_skip:
+            boundary_of = (draft_skip, kvq_boundary(draft_skip) or None)  # 0: nothing to reuse
 
-        levels = draft(model, cache, pending, skip, sp, gen, max_draft=cfg.max_draft, eps=cfg.eps,
-                       max_spine=max_nodes - 1, topk_bins=bins)
+        levels = draft(model, cache, pending, draft_skip, sp, gen, max_draft=cfg.max_draft, eps=cfg.eps,
+                       max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1])
         tree = build_tree(pending, levels, n, max_nodes, dev)
         t = timer.add("draft", t)
 
         N = tree.size
-        logits = model.forward(tree.tokens, n + tree.depth, torch.arange(n, n + N, device=dev), cache,
-                               attn_mask=tree.mask)
+        logits = verify(model, cache, tree, levels, boundary_of[1])
         steps += 1
         t = timer.add("verify", t)
 
@@ -172,13 +207,13 @@ def swift_decode(engine, prompt_ids: list, sp, sink, cfg: SwiftConfig) -> dict:
         t = timer.add("other", t)
 
     engine.tokens_seen += len(sink.ids)
-    return _stats(log, steps, timer, engine, max_nodes)
+    return _stats(log, steps, timer, engine, max_nodes, skip)
 
 
-def _stats(log: RoundLog, steps: int, timer: Timer, engine, max_nodes: int) -> dict:
+def _stats(log: RoundLog, steps: int, timer: Timer, engine, max_nodes: int, fixed_skip=None) -> dict:
     rounds = len(log.accept_lengths)
-    opt = engine.optimizer
-    skip = engine.skip_set
+    opt = engine.optimizer if fixed_skip is None else None
+    skip = (engine.skip_set if fixed_skip is None else fixed_skip).tolist()
     return {
         "decoding_steps": steps,
         "rounds": rounds,

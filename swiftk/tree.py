@@ -35,6 +35,7 @@ class DraftLevel:
     tokens: list
     probs: list
     dist: Optional[torch.Tensor] = None  # the draft distribution they were drawn from (sampling only)
+    hidden: Optional[torch.Tensor] = None  # KVQ: spine node ``depth``'s residual [1, D] at the boundary layer
 
 
 @dataclass
