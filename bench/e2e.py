@@ -420,7 +420,7 @@ def parse_args(argv=None):
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma list of " + ", ".join(DEFAULT_METHODS) + " (hf-ee = one per --early-exit), hf-ee<E>")
     ap.add_argument("--early-exit", default=None, help="comma list of early-exit layers (default n/2, 3n/4)")
-    ap.add_argument("--kvq", type=int, default=1, choices=[0, 1], help="KVQ cache for swiftk-ee (default 1)")
+    ap.add_argument("--kvq", type=int, default=1, choices=[0, 1], help="KVQ cache for swiftk-ee (default 1, as swiftk)")
     ap.add_argument("--skip-set", default=None, help="skip set JSON for swift-saved")
     ap.add_argument("--tune-passes", type=int, default=1,
                     help="passes of the tuning run that makes the swift-warm skip set (stops early once optimized)")

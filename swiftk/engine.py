@@ -235,6 +235,10 @@ class Engine:
         if isinstance(stop, str):
             stop = [stop]
         sp = SamplingParams(temperature, top_k, top_p, seed).validate()
+        if method == "early_exit" and "kvq" not in swift_kw:
+            # the exit boundary sits mid-model: reusing the layers below it cut the CPU verify pass to 0.86-0.88x
+            # (python -m bench.kvq); layer-skip sets start skipping near layer 1, so there it is off by default
+            swift_kw = {**swift_kw, "kvq": True}
         cfg = SwiftConfig.from_kwargs(self.swift_config, swift_kw) if swift_kw else self.swift_config
         fixed = self._fixed_skip(method, exit_layer, skip_set, swift_kw.get("optimize"))
         ids = self.encode_prompt(prompt, chat)
