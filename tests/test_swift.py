@@ -93,7 +93,7 @@ def test_forced_random_trees_stay_lossless(eng, monkeypatch):
     refs = {p: eng.tokenizer.encode(p) + _ar(eng, p, 48) for p in prompts}
     state = {}
 
-    def fake_draft(model, cache, root, skip, sp, gen, *, max_draft, eps, max_spine, topk_bins):
+    def fake_draft(model, cache, root, skip, sp, gen, *, max_draft, eps, max_spine, topk_bins, boundary=None):
         full = state["full"]
         n = cache.length
         assert full[n] == root
