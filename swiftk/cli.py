@@ -87,12 +87,11 @@ def _generate(a) -> int:
         extra["skip_set"] = a.skip_set
     elif a.skip_set:
         eng.load_skip_set(a.skip_set)
-    if a.exit_layer is not None or a.method == "early_exit":
-        extra["exit_layer"] = a.exit_layer
     stream = None if a.json else (lambda piece: print(piece, end="", flush=True))
     out = eng.generate(prompt, max_new_tokens=a.max_new_tokens, method=a.method, temperature=a.temperature,
                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, callback=stream,
-                       progress=a.json and sys.stderr.isatty(), **extra, **_parse_kv(a.swift))
+                       progress=a.json and sys.stderr.isatty(), exit_layer=a.exit_layer, **extra,
+                       **_parse_kv(a.swift))
     if a.save_skip_set:
         eng.save_skip_set(a.save_skip_set)
     if a.json:

@@ -21,6 +21,20 @@ from .swift import SwiftConfig, swift_decode
 _SCRATCH = 128
 
 
+def write_json_atomic(path: Union[str, os.PathLike], data) -> None:
+    """JSON to a temp file next to ``path``, then rename: readers never see half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None, **swift_kw):
         self.device = resolve_device(device)
@@ -66,22 +80,16 @@ class Engine:
             self._skip_dev = (self.skip_set, self.skip_set.to(self.device))
         return self._skip_dev[1]
 
-    def save_skip_set(self, path: Union[str, os.PathLike]) -> None:
-        s = self.skip_set
+    def save_skip_set(self, path: Union[str, os.PathLike], skip_set: Optional[torch.Tensor] = None, **extra) -> None:
+        """Write ``skip_set`` (default: the current one) as JSON tagged with the model identity; ``extra`` fields
+        (e.g. a search's objective) are stored alongside."""
+        s = self.skip_set if skip_set is None else skip_set
         data = {"model": self.identity, "n_layers": self.config.n_layers,
                 "attention": [i // 2 for i in range(0, len(s), 2) if s[i]],
                 "mlp": [i // 2 for i in range(1, len(s), 2) if s[i]],
-                "matchness": None if self.optimizer is None else self.optimizer.best_score}
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a skip set is meant to be shared
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+                "matchness": None if self.optimizer is None or skip_set is not None else self.optimizer.best_score,
+                **extra}
+        write_json_atomic(path, data)
 
     def read_skip_set(self, path: Union[str, os.PathLike]) -> torch.Tensor:
         """Parse a skip-set JSON file written by save_skip_set / ``swiftk optimize`` for this model."""

@@ -92,7 +92,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     On CPU, for T >= 2, MKL's x @ w.T runs 1.6-3x slower than a single-row GEMV, so a verify pass would
     cost several decode steps; the same product written as (w @ x.T).T streams the weight once and costs about
-    one decode step (measured by bench/test_micro.py::test_linear). T = 1 keeps the GEMV form.
+    one decode step (``python -m bench.linear`` times both forms over a whole forward). T = 1 keeps the GEMV form.
     """
     if x.device.type == "cpu" and x.shape[0] > 1:
         return (w @ x.T).T
@@ -176,10 +176,12 @@ class Model:
                               f"{hidden is not None} (hidden is the residual entering start_layer > 0)")
         attend = self._attention_plan(T, slots, cache, attn_mask)
         skip_flags = self._skip_flags(skip)
-        # Past the last computed sublayer the residual no longer changes: stop there (an early-exit draft reads
-        # no weight of the layers it skips).
-        last = max((i for i in range(2 * start_layer, 2 * stop) if not skip_flags[i]), default=-1)
-        end = stop if stop < n_layers else min(stop, last // 2 + 1)
+        end = stop
+        if stop == n_layers:
+            # Past the last computed sublayer the residual no longer changes: stop there (an early-exit draft reads
+            # no weight of the layers it skips).
+            last = max((i for i in range(2 * start_layer, 2 * stop) if not skip_flags[i]), default=-1)
+            end = last // 2 + 1
 
         h = self.embed[token_ids] if hidden is None else hidden    # residual stream [T, D]
         captured = h.clone() if capture_layer == start_layer else None

@@ -10,29 +10,16 @@ found is written in the same JSON format as ``Engine.save_skip_set`` and is used
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .engine import write_json_atomic
 from .errors import SwiftkError
 
 STATE_VERSION = 1
-
-
-def _atomic_json(path: Path, data) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_prompts(path) -> list:
@@ -98,7 +85,7 @@ class OfflineSearch:
 
     def _save_state(self) -> None:
         if self.state_path is not None:
-            _atomic_json(self.state_path, {"version": STATE_VERSION, "model": self.eng.identity.get("name"),
+            write_json_atomic(self.state_path, {"version": STATE_VERSION, "model": self.eng.identity.get("name"),
                                            "n_coords": len(self.coords), "history": self.history})
 
     def mask(self, x) -> "torch.Tensor":
@@ -165,14 +152,8 @@ class OfflineSearch:
     def write(self, out_path, best: Optional[dict] = None) -> Path:
         """The best set as a skip-set file (Engine.save_skip_set format + the search's numbers)."""
         best = best or self.best()
-        s = self.mask(best["x"]).tolist()
-        data = {"model": self.eng.identity, "n_layers": self.eng.config.n_layers,
-                "attention": [i // 2 for i in range(0, len(s), 2) if s[i]],
-                "mlp": [i // 2 for i in range(1, len(s), 2) if s[i]],
-                "matchness": None, "source": "self-sd offline search",
-                "objective": {"tokens_per_s": best["tokens_per_s"], "M": best["M"], "alpha": best["alpha"],
-                              "iterations": len(self.history), "prompts": len(self.ids),
-                              "max_new_tokens": self.max_new}}
-        out = Path(out_path)
-        _atomic_json(out, data)
-        return out
+        self.eng.save_skip_set(out_path, self.mask(best["x"]), source="self-sd offline search",
+                               objective={"tokens_per_s": best["tokens_per_s"], "M": best["M"], "alpha": best["alpha"],
+                                          "iterations": len(self.history), "prompts": len(self.ids),
+                                          "max_new_tokens": self.max_new})
+        return Path(out_path)

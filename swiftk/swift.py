@@ -116,7 +116,7 @@ def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
     n, N, dev = tree.mask.prefix_len, tree.size, model.device
     slots = torch.arange(n, n + N, device=dev)
     pos = n + tree.depth
-    if boundary is None or not levels or levels[0].hidden is None:
+    if boundary is None:
         return model.forward(tree.tokens, pos, slots, cache, attn_mask=tree.mask)
     ns = tree.n_spine
     h = torch.empty(N, model.cfg.hidden_size, dtype=model.dtype, device=dev)
