@@ -56,8 +56,11 @@ def render(items) -> str:
             "tok/s = generated tokens / wall time over all prompts; × = ratio of tok/s; M = tokens per verify pass; "
             "α = accepted / drafted tokens; opt = share of wall time spent optimizing the skip set. "
             "`swift-cold` starts from a fresh optimizer (its optimization time included), `swift-warm` loads the "
-            "skip set a tuning pass over the same prompts found, `hf-ee<E>` is transformers' early-exit "
-            "self-speculation drafting with E layers, `hf-pld` prompt-lookup decoding.", ""]
+            "skip set a tuning pass over the same prompts found, `swift-saved` decodes with a fixed skip set from "
+            "a file (the Self-SD comparison: a set `swiftk optimize` found offline on other prompts), "
+            "`swiftk-ee<E>` is swiftk's early-exit drafting from layer E (KVQ cache on), `hf-ee<E>` is "
+            "transformers' early-exit self-speculation drafting with E layers, `hf-pld` prompt-lookup "
+            "decoding.", ""]
     for path, s in items:
         meta = s["meta"]
         mach = meta["machine"]
@@ -98,6 +101,9 @@ def render(items) -> str:
         if unavailable:
             out.append("")
             out.append("Not run: " + "; ".join(f"{k} ({v})" for k, v in unavailable.items()) + ".")
+        if meta.get("skip_set_file"):
+            out.append("")
+            out.append(f"swift-saved skip set: `{meta['skip_set_file']}`.")
         out.append("")
         out.append(f"Reproduce (`{path.name}`): `{meta['command']}`")
         out.append("")
