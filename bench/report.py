@@ -17,22 +17,32 @@ MAIN_METHODS_ORDER = ("hf-greedy", "hf-pld", "swiftk-ar", "swift-cold", "swift-w
 
 
 def latest_summaries(results: Path, device_kind=None, models=None) -> list:
+    """Newest summary per (model, device kind, workload): a later run of one workload (say the domain-shift
+    stream) does not hide an earlier run's other workloads. Returns [(path, summary)] where each summary's
+    ``results`` holds only the workloads it is the newest for."""
     best: dict = {}
     for p in sorted(results.glob("*.summary.json")):
         try:
             s = json.loads(p.read_text())
             meta = s["meta"]
-        except (OSError, ValueError, KeyError):
+            workloads = list(s["results"])
+        except (OSError, ValueError, KeyError, TypeError):
             print(f"skipping unreadable {p}", file=sys.stderr)
             continue
         if device_kind and meta.get("device_kind") != device_kind:
             continue
         if models and meta.get("model") not in models:
             continue
-        key = (meta.get("model"), meta.get("device_kind"))
-        if key not in best or meta.get("date", "") > best[key][1]["meta"].get("date", ""):
-            best[key] = (p, s)
-    return [best[k] for k in sorted(best, key=lambda k: (k[1] or "", k[0] or ""))]
+        for w in workloads:
+            key = (meta.get("model"), meta.get("device_kind"), w)
+            if key not in best or meta.get("date", "") > best[key][1]["meta"].get("date", ""):
+                best[key] = (p, s)
+    picked: dict = {}  # path -> (summary, its workloads to show), in (device kind, model) order
+    for k in sorted(best, key=lambda k: (k[1] or "", k[0] or "")):
+        p, s = best[k]
+        picked.setdefault(p, (s, []))[1].append(k[2])
+    return [(p, {**s, "results": {w: s["results"][w] for w in s["results"] if w in ws}})
+            for p, (s, ws) in picked.items()]
 
 
 def _f(x, fmt="{:.2f}"):

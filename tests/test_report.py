@@ -44,3 +44,17 @@ def test_mismatches_are_reported_loudly(tmp_path):
     text = report.render(report.latest_summaries(tmp_path))
     assert "**1 mismatch(es)**" in text and "swift-saved HumanEval/0 @5" in text
     assert report.render([]).startswith("## Performance")
+
+
+def test_a_later_run_of_one_workload_does_not_hide_the_others(tmp_path):
+    full = _summary("2026-01-01T00:00:00", 7.0)
+    full["results"]["mtbench"] = full["results"]["humaneval"]
+    stream = _summary("2026-02-01T00:00:00", 9.0)
+    stream["results"] = {"domain_shift": stream["results"]["humaneval"]}
+    newer_he = _summary("2026-03-01T00:00:00", 11.0)
+    (tmp_path / "full.summary.json").write_text(json.dumps(full))
+    (tmp_path / "stream.summary.json").write_text(json.dumps(stream))
+    (tmp_path / "he.summary.json").write_text(json.dumps(newer_he))
+    got = {p.name: list(s["results"]) for p, s in report.latest_summaries(tmp_path)}
+    assert got == {"full.summary.json": ["mtbench"], "stream.summary.json": ["domain_shift"],
+                   "he.summary.json": ["humaneval"]}
