@@ -7,17 +7,21 @@ Methods run interleaved per prompt (the order rotates from prompt to prompt) so 
 Every method is greedy; its token ids are compared with HF greedy on the same prompt ids and every difference is
 printed as ``MISMATCH method prompt first-diff-index`` (``--strict``: exit code 1).
 
-SWIFT variants (one engine; their optimizer states are swapped in and out of it):
+SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``generate(..., state=)``):
 
-- ``swift-cold``: a fresh optimizer at the start of each workload, optimization time included, state carried
-  across the workload's prompts as a user's session would.
+- ``swift-cold``: the default ``generate`` from a cold start: a fresh learned state and a fresh cost model at the
+  start of each workload (nothing persisted is read), optimization time included, state carried across the
+  workload's prompts as a user's session would.
+- ``swift-paper``: the paper's rules from a cold state: draft every round (eps 0.8, fixed tree budget), matchness
+  objective at r = 0.45, optimize on every round; the baseline the speed-aware loop replaced.
 - ``swift-warm``: a tuning pass (fresh optimizer, SWIFT over the same prompts, run before the measured pass) saves
   its best skip set; the measured pass loads it (``eng.load_skip_set``) and does not optimize.
 - ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization. With a file from ``swiftk optimize`` run
   on another task this is the Self-SD static comparison (a set found offline on one task, applied to others).
 
 Other swiftk drafting modes: ``swiftk-ee<E>`` = early-exit draft (layers 0..E-1 + LM head) with the KVQ cache
-(``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``).
+(``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``); ``swiftk-ngram`` = prompt lookup inside
+swiftk (method "ngram").
 
 Writes under ``--out`` (file names carry model, dtype, device kind and date): ``*.samples.jsonl`` (Spec-Bench
 fields + ours), ``*.summary.json``, ``*.md`` (the tables printed at the end) and plots (``bench.plots``).
@@ -32,37 +36,24 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from swiftk.atomic import write_atomic as atomic_write
 from swiftk.errors import SwiftkError
 
-AR, COLD, WARM, SAVED = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved"
+AR, COLD, WARM, SAVED, PAPER, NGRAM = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
+    "swiftk-ngram"
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
-SWIFT_METHODS = (COLD, WARM, SAVED)
-DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+SWIFT_METHODS = (COLD, WARM, SAVED, PAPER)
+PAPER_OPTIONS = {"speculate": "always", "ngram": False}
+DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, PAPER, NGRAM, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
 
 # ---------------------------------------------------------------- small shared helpers (ar_vs_hf uses them too)
-
-
-def atomic_write(path, data) -> Path:
-    """Write text/bytes to a temp file next to ``path``, then rename (readers never see half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def set_threads(n) -> int:
@@ -151,7 +142,7 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True):
     import swiftk
     from swiftk.registry import resolve_model
 
-    eng = swiftk.load(model, device=device, dtype=dtype)
+    eng = swiftk.load(model, device=device, dtype=dtype, persist=False)  # cold: no state from earlier runs
     hf, why = None, None
     if need_hf:
         from bench.hf_baselines import load_hf
@@ -201,31 +192,18 @@ def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int) -> dict:
 # ---------------------------------------------------------------- methods
 
 
-class SwiftState:
-    """One SWIFT optimizer state (optimizer, skip set, tokens seen) that can be swapped into the shared engine.
-
-    The engine holds exactly one state; the bench needs three side by side, so it swaps these public attributes.
-    """
-
-    def __init__(self, eng, skip_set_file=None):
-        eng.reset_optimizer()
-        if skip_set_file is not None:
-            eng.load_skip_set(skip_set_file, optimize=False)
-        self.optimize = skip_set_file is None
-        self._grab(eng)
-
-    def _grab(self, eng):
-        self.optimizer, self.skip_set, self.tokens_seen = eng.optimizer, eng.skip_set, eng.tokens_seen
-
-    def run(self, eng, ids, max_new_tokens):
-        eng.optimizer, eng.skip_set, eng.tokens_seen = self.optimizer, self.skip_set, self.tokens_seen
-        try:
-            return eng.generate(ids, max_new_tokens=max_new_tokens, method="swift", optimize=self.optimize)
-        finally:
-            self._grab(eng)
+def new_state(eng, method, skip_set_file=None):
+    """The learned state a SWIFT variant decodes with (and the per-call options that go with it)."""
+    if method == PAPER:
+        return eng.new_state(objective="matchness", opt_budget=1.0), PAPER_OPTIONS
+    st = eng.new_state()
+    if skip_set_file is not None:
+        st.use(eng.read_skip_set(skip_set_file))
+    return st, {}
 
 
 def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
+    """``state``: (SkipSetState, options) of a SWIFT variant, or None for ``gen_kw`` (default autoregressive)."""
     dev = eng.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -234,12 +212,13 @@ def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
     if state is None:
         r = eng.generate(ids, max_new_tokens=max_new, **({"method": "autoregressive"} | gen_kw))
     else:
-        r = state.run(eng, ids, max_new)
+        r = eng.generate(ids, max_new_tokens=max_new, method="swift", state=state[0], **state[1])
     sync(dev)
     wall = time.perf_counter() - t0
     s = r.stats
     out = {"token_ids": r.token_ids, "text": r.text, "wall_time_s": wall, "new_tokens": len(r.token_ids),
            "finish_reason": r.finish_reason, "decoding_steps": s.get("decoding_steps", len(r.token_ids))}
+    out.update(plain_steps=s.plain_steps, accepted_by_source=s.accepted_by_source)
     if s["method"] == "autoregressive":
         out.update(accept_lengths=[1] * max(0, len(r.token_ids) - 1), drafted=0, accepted=0)
     else:
@@ -248,7 +227,9 @@ def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
                    time_verify_s=s["time_verify_s"], skip_set=s["skip_set"],
                    matchness_history=s["matchness_history"], best_matchness=s["best_matchness"],
                    optimization_done=s["optimization_done"], optimization_steps=s["optimization_steps"],
-                   max_tree_nodes=s["max_tree_nodes"], phases=_count(s["phases"]))
+                   max_tree_nodes=s["max_tree_nodes"], phases=_count(s["phases"]), tree_sizes=s.tree_sizes,
+                   longest_bo_stall_ms=s.longest_bo_stall_ms, bo_errors=s.bo_errors,
+                   expected_vs_measured=s.expected_vs_measured, costs=s.costs)
     if dev.type == "cuda":
         out["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -286,7 +267,7 @@ def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_h
             out += [f"{m}{e}" for e in early_exit]
         elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
-        elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED):
+        elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED, PAPER, NGRAM):
             out.append(m)
         else:
             raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)}, hf-ee<E> or swiftk-ee<E>")
@@ -339,6 +320,17 @@ def aggregate(runs: list, methods: list) -> dict:
                     "mismatches_vs_ar": sum(1 for x in rs if x.get("diff_vs_ar") is not None),
                     "peak_gpu_mem_mb": max((x.get("peak_gpu_mem_mb") or 0 for x in rs), default=0) or None,
                 }
+                if m != AR and not m.startswith("hf-"):  # the speed-aware loop's own figures
+                    steps = sum(x.get("decoding_steps") or 0 for x in rs)
+                    trees = [t for x in rs for t in (x.get("tree_sizes") or [])]
+                    src = {}
+                    for x in rs:
+                        for k, v in (x.get("accepted_by_source") or {}).items():
+                            src[k] = src.get(k, 0) + v
+                    cell[m].update(plain_share=sum(x.get("plain_steps") or 0 for x in rs) / steps if steps else None,
+                                   mean_tree=sum(trees) / len(trees) if trees else None, accepted_by_source=src,
+                                   longest_bo_stall_ms=max((x.get("longest_bo_stall_ms") or 0 for x in rs),
+                                                           default=None))
             for m, c in cell.items():
                 c["speedup_vs_hf_greedy"] = _ratio(c["tokens_per_s"], cell.get(HF_GREEDY, {}).get("tokens_per_s"))
                 c["speedup_vs_swiftk_ar"] = _ratio(c["tokens_per_s"], cell.get(AR, {}).get("tokens_per_s"))
@@ -361,13 +353,16 @@ def markdown_tables(summary: dict) -> str:
         cell = groups["all"]
         lines.append(f"**{w}** ({next(iter(cell.values()))['prompts']} prompts)")
         lines.append("")
-        lines.append("| method | tok/s | × HF greedy | × swiftk AR | × best HF | M | α | opt share | "
-                     f"mismatches vs {meta['reference']} |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("| method | tok/s | × HF greedy | × swiftk AR | × best HF | M | α | opt share | plain | tree | "
+                     f"accepted draft/ngram | mismatches vs {meta['reference']} |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for m, c in cell.items():
             lines.append(f"| {m} | {_f(c['tokens_per_s'], '{:.1f}')} | {_f(c['speedup_vs_hf_greedy'])} | "
                          f"{_f(c['speedup_vs_swiftk_ar'])} | {_f(c['speedup_vs_best_hf'])} | {_f(c['M'])} | "
-                         f"{_f(c['alpha'])} | {_f(c['opt_share'], '{:.0%}')} | "
+                         f"{_f(c['alpha'])} | {_f(c['opt_share'], '{:.0%}')} | {_f(c.get('plain_share'), '{:.0%}')} | "
+                         f"{_f(c.get('mean_tree'), '{:.1f}')} | "
+                         + (f"{c['accepted_by_source'].get('draft', 0)}/{c['accepted_by_source'].get('ngram', 0)}"
+                            if c.get("accepted_by_source") else "–") + " | "
                          f"{c['mismatches_vs_hf'] if meta['reference'] != AR else c['mismatches_vs_ar']} |")
         lines.append("")
         cats = [g for g in groups if g != "all"]
@@ -389,6 +384,13 @@ def markdown_tables(summary: dict) -> str:
                     row.append(s)
                 lines.append(f"| {m} | " + " | ".join(row) + " |")
             lines.append("")
+    costs = meta.get("costs")
+    if costs and costs.get("step_s"):
+        vs = ", ".join(f"v({k}) {v / costs['step_s']:.2f}" for k, v in (costs.get("verify_s") or {}).items())
+        lines.append(f"Cost model at the end (in decode steps of {costs['step_s'] * 1e3:.1f} ms): {vs}; draft overhead "
+                     f"share {costs['draft_overhead']:.2f}; optimization step "
+                     + (f"{costs['opt_step_s'] / costs['step_s']:.2f}" if costs.get("opt_step_s") else "–") + ".")
+        lines.append("")
     rf = summary.get("roofline")
     if rf:
         lines.append(f"Roofline: copy bandwidth {rf['copy_bandwidth_gb_s']:.1f} GB/s; swiftk AR reads "
@@ -483,13 +485,13 @@ def run(a) -> int:
     wid = prompts[workloads[0]][0]["ids"]
     _swiftk_run(eng, wid, 8)
     if any(m in SWIFT_METHODS or m.startswith("swiftk-ee") for m in methods):
-        t = time.perf_counter()
-        budget = eng.auto_tree_budget()
-        print(f"# SWIFT verify budget {budget} nodes (measured in {time.perf_counter() - t:.1f}s)")
-        SwiftState(eng).run(eng, wid, 8)
+        _swiftk_run(eng, wid, 16, new_state(eng, COLD))
+        print(f"# cost model after warm-up: {json.dumps(eng.costs.to_dict())}")
     for m in methods:
         if m.startswith("swiftk-ee"):
             _swiftk_run(eng, wid, 8, method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
+        elif m == NGRAM:
+            _swiftk_run(eng, wid, 8, method="ngram")
     hf_dead: dict = {}
     for m in methods:
         if m.startswith("hf-"):
@@ -508,11 +510,12 @@ def run(a) -> int:
             tuning[w] = _tune(eng, items, a.max_new_tokens, a.tune_passes, out_dir / f"{tag}_{w}.skipset.json")
             print(f"# {w}: tuned skip set in {tuning[w]['wall_time_s']:.1f}s, {tuning[w]['optimization_steps']} "
                   f"steps, matchness {_f(tuning[w]['best_matchness'])} -> {tuning[w]['file']}")
-            states[WARM] = SwiftState(eng, tuning[w]["file"])
+            states[WARM] = new_state(eng, WARM, tuning[w]["file"])
         if SAVED in methods:
-            states[SAVED] = SwiftState(eng, a.skip_set)
-        if COLD in methods:
-            states[COLD] = SwiftState(eng)  # fresh at the start of each workload's stream
+            states[SAVED] = new_state(eng, SAVED, a.skip_set)
+        for m in (COLD, PAPER):
+            if m in methods:
+                states[m] = new_state(eng, m)  # fresh at the start of each workload's stream
         for i, it in enumerate(items):
             order = methods[i % len(methods):] + methods[: i % len(methods)]
             got = {}
@@ -523,6 +526,8 @@ def run(a) -> int:
                 elif m.startswith("swiftk-ee"):
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="early_exit", exit_layer=_ee_layer(m),
                                     kvq=bool(a.kvq))
+                elif m == NGRAM:
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram")
                 else:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states.get(m))
                 r.update(method=m, workload=w, prompt_id=it["id"], category=it["category"], stream_index=i)
@@ -553,9 +558,8 @@ def run(a) -> int:
                  "machine": machine_info(dev, threads), "swiftk": {k: v for k, v in eng.info().items()
                                                                   if k in ("weight_bytes", "kv_cache_bytes",
                                                                            "parameters", "backends")},
-                 "swift_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                  for k, v in vars(eng.swift_config).items()},
-                 "max_tree_nodes": eng.auto_tree_budget() if any(m != AR and not m.startswith("hf-") for m in methods) else None, "load_time_s": load_s,
+                 "decode_config": eng.info()["decode_config"], "optimizer_config": eng.info()["optimizer_config"],
+                 "costs": eng.costs.to_dict(), "load_time_s": load_s,
                  "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set, "load_average_at_start": load_avg},
         "results": results, "tuning": tuning, "roofline": roofline, "mismatches": mismatches,
     }
@@ -579,19 +583,18 @@ def _hf_call(hf, ids, max_new, m) -> dict:
 
 def _tune(eng, items, max_new, passes, path) -> dict:
     """Fresh optimizer, SWIFT over the workload (up to ``passes`` times, until optimization ends); save the set."""
-    st = SwiftState(eng)
+    st, opts = new_state(eng, COLD)
     t = time.perf_counter()
     for _ in range(max(1, passes)):
         for it in items:
-            st.run(eng, it["ids"], max_new)
+            eng.generate(it["ids"], max_new_tokens=max_new, state=st, **opts)
             if st.optimizer.done:
                 break
         if st.optimizer.done:
             break
     wall = time.perf_counter() - t
-    eng.optimizer, eng.skip_set, eng.tokens_seen = st.optimizer, st.optimizer.best, st.tokens_seen
-    eng.save_skip_set(path)
-    score = st.optimizer.best_score
+    eng.save_skip_set(path, st.skip_set, matchness=st.optimizer.best_matchness)
+    score = st.optimizer.best_matchness
     return {"file": str(path), "wall_time_s": wall, "optimization_steps": st.optimizer.steps,
             "best_matchness": score if score is not None and score >= 0 else None, "optimization_done": st.optimizer.done,
             "tokens": st.tokens_seen}
@@ -627,7 +630,8 @@ def write_outputs(out_dir: Path, tag: str, summary: dict, runs: list, plots: boo
                "token_ids": r["token_ids"], "diff_vs_hf": r.get("diff_vs_hf"), "diff_vs_ar": r.get("diff_vs_ar")}
         for k in ("skip_set", "time_optimize_s", "time_draft_s", "time_verify_s", "matchness_history",
                   "best_matchness", "optimization_done", "optimization_steps", "max_tree_nodes", "phases",
-                  "finish_reason", "peak_gpu_mem_mb"):
+                  "finish_reason", "peak_gpu_mem_mb", "plain_steps", "accepted_by_source", "tree_sizes",
+                  "longest_bo_stall_ms", "bo_errors", "expected_vs_measured"):
             if k in r:
                 rec[k] = r[k]
         lines.append(json.dumps(rec))

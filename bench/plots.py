@@ -28,7 +28,7 @@ def _plt():
 
 
 def _save(fig, path: Path) -> Path:
-    from bench.e2e import atomic_write
+    from swiftk.atomic import write_atomic as atomic_write
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -126,9 +126,27 @@ def domain_shift_plot(out_dir, tag, runs):
     return _save(fig, Path(out_dir) / f"{tag}_domain_shift_acceptance.png")
 
 
+def expected_vs_measured_plot(out_dir, tag, workload, runs):
+    """Per speculative round of swift-cold: the gate's expected tokens/s against the measured tokens/s."""
+    pts = [p for r in _runs_of(runs, workload, COLD) for p in (r.get("expected_vs_measured") or [])]
+    if not pts:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=5, alpha=0.4)
+    hi = max(max(p[0] for p in pts), max(p[1] for p in pts))
+    ax.plot([0, hi], [0, hi], color="gray", lw=1, ls="--", label="expected = measured")
+    ax.set_xlabel("expected tokens/s of the round (cost model + acceptance statistics)")
+    ax.set_ylabel("measured tokens/s of the round")
+    ax.set_title(f"{tag} {workload}: swift-cold rounds")
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, Path(out_dir) / f"{tag}_{workload}_expected_vs_measured.png")
+
+
 def plot_all(out_dir, tag, summary, runs) -> list:
     paths = []
     for w, groups in summary["results"].items():
+        paths.append(expected_vs_measured_plot(out_dir, tag, w, runs))
         paths.append(matchness_plot(out_dir, tag, w, runs))
         paths.append(category_plot(out_dir, tag, w, groups))
     if "domain_shift" in summary["results"]:

@@ -7,7 +7,6 @@ the q and k heads of a fused qkv projection viewed as [T, H + KV, hd], so one la
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import triton
@@ -45,9 +44,8 @@ def _rope_kernel(x_ptr, out_ptr, pos_ptr, invf_ptr, H, HALF,
     tl.store(ob + HALF, (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-               out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [T, H, hd] -> rotated copy (or into ``out``, which may be ``x`` itself for in-place)."""
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [T, H, hd] -> rotated copy."""
     check_float("apply_rope x", x)
     if x.dim() != 3:
         raise SwiftkError(f"apply_rope: x must be [T, H, head_dim], got {tuple(x.shape)}")
@@ -61,10 +59,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
     if positions.shape != (T,) or positions.dtype not in (torch.int32, torch.int64):
         raise SwiftkError(f"apply_rope: positions must be int [{T}], got {positions.dtype} {tuple(positions.shape)}")
     x = last_dim_contiguous(x)
-    if out is None:
-        out = torch.empty((T, H, hd), dtype=x.dtype, device=x.device)
-    elif out.shape != x.shape or out.stride(-1) != 1:
-        raise SwiftkError("apply_rope: out must match x's shape with unit stride in head_dim")
+    out = torch.empty((T, H, hd), dtype=x.dtype, device=x.device)
     if T == 0 or H == 0:
         return out
     BLOCK_H = min(16, next_pow2(H))

@@ -10,8 +10,9 @@ from .engine import Engine
 from .errors import SwiftkError
 from .generate import GenerationResult
 from .registry import DEFAULT_MODEL, MODELS, pull
-from .swift import SwiftConfig
+from .config import DecodeConfig, OptimizerConfig
+from .state import SkipSetState
 
 __version__ = "0.1.0"
-__all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "SwiftConfig", "SwiftkError", "MODELS",
+__all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "DecodeConfig", "OptimizerConfig", "SkipSetState", "SwiftkError", "MODELS",
            "DEFAULT_MODEL", "__version__"]

@@ -38,49 +38,7 @@ from typing import Optional
 import torch
 
 from swiftk.errors import SwiftkError
-
-
-def _check_parents(parents: torch.Tensor) -> int:
-    if parents.dim() != 1 or parents.numel() == 0 or parents.dtype not in (torch.int32, torch.int64):
-        raise SwiftkError(f"parents must be a non-empty 1-D integer tensor, got {parents.dtype} {tuple(parents.shape)}")
-    return parents.numel()
-
-
-def validate_tree(parents: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Full structural check (syncs with the host; for tests and debugging, not the decode loop)."""
-    n = _check_parents(parents)
-    if tokens.shape[-1] != n:
-        raise SwiftkError(f"tokens has {tokens.shape[-1]} nodes, parents has {n}")
-    p = parents.cpu().long()
-    if p[0] != -1:
-        raise SwiftkError(f"parents[0] must be -1 (root), got {int(p[0])}")
-    idx = torch.arange(n)
-    bad = (p[1:] < 0) | (p[1:] >= idx[1:])
-    if bad.any():
-        i = int(idx[1:][bad][0])
-        raise SwiftkError(f"parents[{i}] = {int(p[i])} must be in [0, {i}) (topological order)")
-
-
-def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """BoolTensor [N, N]: row i marks the ancestors of node i and i itself. No host sync.
-
-    Reachability by repeated squaring of the parent relation: after s squarings rows hold ancestors up to
-    2**s levels up, so ceil(log2 N) matrix products suffice.
-    """
-    n = _check_parents(parents)
-    idx = torch.arange(n, device=parents.device)
-    par = parents.long().clamp_min(0)  # the root points at itself
-    reach = torch.zeros(n, n, dtype=torch.float32, device=parents.device)
-    reach[idx, idx] = 1.0
-    reach[idx, par] = 1.0
-    for _ in range(max(1, (n - 1).bit_length())):
-        reach = (reach @ reach).clamp_max_(1.0)
-    return reach > 0
-
-
-def depths(parents: torch.Tensor) -> torch.Tensor:
-    """LongTensor [N]: depth of each node, root = 0."""
-    return ancestor_matrix(parents).sum(dim=1) - 1
+from swiftk.tree import Tree, _check_parents, ancestor_matrix, depths, validate_tree  # noqa: F401
 
 
 def _path_and_bonus(on_path: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -90,7 +48,8 @@ def _path_and_bonus(on_path: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.T
     return path.to(on_path.device), int(packed[-1])
 
 
-def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor,
+                  anc: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, int]:
     """Longest root-to-node path whose every non-root token is the target argmax at its parent.
 
     ``target``: logits/probs [N, V] or argmax ids [N]. Returns (path: LongTensor of node indices root..last
@@ -106,7 +65,8 @@ def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Ten
         top = target
     else:
         raise SwiftkError(f"target must be [N={n}, V] logits/probs or [N] argmax ids, got {tuple(target.shape)}")
-    anc = ancestor_matrix(parents)
+    if anc is None:
+        anc = ancestor_matrix(parents)
     match = tokens.long() == top.long()[parents.long().clamp_min(0)]
     match[0] = True  # the root is already committed to
     ok = ~(anc & ~match[None, :]).any(dim=1)
@@ -213,3 +173,16 @@ def accept_sampling(
         generator,
     )
     return _path_and_bonus(accepted[0], bonus[0])
+
+
+def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str] = None,
+                generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, int]:
+    """Acceptance of a built :class:`~swiftk.tree.Tree`.
+
+    ``target``: [N, V] scores whose argmax is the target's choice (greedy: logits; coupled sampling: perturbed
+    log-probs, see ``generate.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs for
+    multi-candidate rejection sampling against ``tree.draft_probs``."""
+    if draft_probs_rule == "rejection":
+        return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
+                               generator=generator)
+    return accept_greedy(tree.parents, tree.tokens, target, anc=tree.mask.ancestors)

@@ -12,8 +12,11 @@ _engines: dict = {}
 _lock = threading.Lock()
 
 
-def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, **swift_kw) -> Engine:
-    """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory."""
+def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
+         **options) -> Engine:
+    """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
+
+    ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine."""
     from .loaders import load_checkpoint
 
     dev = resolve_device(device)       # validate before any download or load
@@ -22,7 +25,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     ckpt = load_checkpoint(path, dtype=dt)
     if model in _registry_names():
         ckpt.identity["name"] = model
-    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, **swift_kw)
+    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, **options)
 
 
 def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", **kw):

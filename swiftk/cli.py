@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from .errors import SwiftkError
 from .registry import DEFAULT_MODEL, MODELS
@@ -23,7 +25,7 @@ def main(argv=None) -> int:
     g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     _common(g)
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static"])
+    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static", "ngram"])
     g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
     g.add_argument("--temperature", "-t", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -52,6 +54,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("pull", help="download a registry model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
     p.add_argument("--force", action="store_true", help="download and verify again")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash a cached copy in full (every load checks only 3 MiB of it); a bad copy is deleted")
 
     i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
     _common(i)
@@ -77,11 +81,28 @@ def _parse_kv(items) -> dict:
     return out
 
 
+def _check_output_path(path: str, flag: str) -> None:
+    """Fail before the (slow) load and generation when ``path`` could not be written once they are done."""
+    p = Path(path)  # as the writer will see it (no ~ expansion)
+    if p.is_dir():
+        raise SwiftkError(f"{flag} {path}: is a directory")
+    if not p.parent.is_dir():
+        raise SwiftkError(f"{flag} {path}: directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise SwiftkError(f"{flag} {path}: directory {p.parent} is not writable")
+
+
 def _generate(a) -> int:
     import swiftk
 
+    if a.save_skip_set:
+        _check_output_path(a.save_skip_set, "--save-skip-set")
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    from .engine import split_options
+
+    # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
+    decode_kw, opt_kw = split_options(_parse_kv(a.swift))
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -90,13 +111,12 @@ def _generate(a) -> int:
     stream = None if a.json else (lambda piece: print(piece, end="", flush=True))
     out = eng.generate(prompt, max_new_tokens=a.max_new_tokens, method=a.method, temperature=a.temperature,
                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, callback=stream,
-                       progress=a.json and sys.stderr.isatty(), exit_layer=a.exit_layer, **extra,
-                       **_parse_kv(a.swift))
+                       progress=a.json and sys.stderr.isatty(), exit_layer=a.exit_layer, **extra, **decode_kw)
     if a.save_skip_set:
         eng.save_skip_set(a.save_skip_set)
     if a.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "stats": out.stats}, indent=1))
+                          "stats": out.stats.to_dict()}, indent=1))
     else:
         print()
         s = out.stats
@@ -128,7 +148,7 @@ def _optimize(a) -> int:
 def _pull(a) -> int:
     from .registry import pull
 
-    path = pull(a.name, progress=True, force=a.force)
+    path = pull(a.name, progress=True, force=a.force, verify=a.verify)
     print(path)
     return 0
 

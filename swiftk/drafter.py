@@ -1,8 +1,9 @@
-"""The SWIFT draft: the target model itself run with a skip set, one token at a time.
+"""The draft: the target model itself run with a skip set, one token at a time; and matchness, the optimizer's
+measure of how well a skip set drafts.
 
 Draft steps read the committed target KV for the prefix and write their own KV (for the sublayers they compute)
 into scratch slots past the committed length; the verify pass overwrites those slots, so nothing is copied or
-cloned. Drafting stops when the draft's top-1 probability drops below ``eps`` or ``max_draft`` tokens are drafted.
+cloned. After each step the gate (costs.Gate) decides whether one more draft token is worth its cost.
 
 KVQ cache (``boundary=f``): every sublayer before layer f is computed by the draft exactly as the target computes
 it, so the KV it writes there for the spine tokens is the target's own, and the residual entering layer f (the
@@ -16,9 +17,9 @@ from .sampling import sample_without_replacement
 from .tree import DraftLevel, k_for_confidence
 
 
-def draft(model, cache, root_token: int, skip: torch.Tensor, sp, gen, *, max_draft: int, eps: float,
-          max_spine: int, topk_bins, boundary=None) -> list:
-    """Returns one DraftLevel per drafted depth (level j = candidates for the child of spine node j, and with
+def draft(model, cache, root_token: int, skip: torch.Tensor, sampler, gate, *, max_draft: int, max_spine: int,
+          topk_bins, boundary=None, head=None, rejection: bool = False) -> list:
+    """One DraftLevel per drafted depth (level j = candidates for the child of spine node j, and with
     ``boundary`` the residual of spine node j entering that layer)."""
     dev = model.device
     n = cache.length
@@ -26,31 +27,64 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sp, gen, *, max_dra
     cur = root_token
     kmax = max(k for _, k in topk_bins)
     pos = torch.empty(1, dtype=torch.long, device=dev)
+    surv, tokens = 1.0, 1.0   # chain survival and expected emitted tokens so far (the gate's bookkeeping)
     for j in range(min(max_draft, max_spine)):
         pos.fill_(n + j)
-        out = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary)
+        out = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary,
+                            head=head)
         hidden = None
         if boundary is not None:
             out, hidden = out
         logits = out[0]
-        if sp.greedy:
-            probs = torch.softmax(logits.float(), dim=-1)
-            top_p, top_i = torch.topk(probs, kmax)
+        if sampler.greedy:
+            top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), kmax)
             top_p, top_i = top_p.tolist(), top_i.tolist()      # one small host read per step
-            k = k_for_confidence(top_p[0], topk_bins)
-            level = DraftLevel(tokens=top_i[:k], probs=top_p[:k])
             conf = top_p[0]
-        else:
-            q = sp.probs(logits)
+            k = k_for_confidence(conf, topk_bins)
+            level = DraftLevel(tokens=top_i[:k], probs=top_p[:k])
+        elif rejection:
+            q = sampler.sp.probs(logits)
             conf = float(q.max())
             k = min(k_for_confidence(conf, topk_bins), int((q > 0).sum()))
             # children drawn without replacement from q; acceptance uses the matching conditional
-            toks = sample_without_replacement(q, k, gen).tolist()
+            toks = sample_without_replacement(q, k, sampler.generator).tolist()
             level = DraftLevel(tokens=toks, probs=q[toks].tolist(), dist=q)
+        else:
+            # coupled sampling: the draft ranks tokens by the same Gumbel-perturbed score the target will use
+            q = sampler.sp.probs(logits)
+            sc = torch.log(q) + sampler.noise(n + j + 1, q.shape[-1])
+            k = min(kmax, int((q > 0).sum()))
+            top_s, top_i = torch.topk(sc, k)
+            top_i = top_i.tolist()
+            qs = q[top_i].tolist()
+            conf = qs[0]
+            k = k_for_confidence(conf, topk_bins)
+            level = DraftLevel(tokens=top_i[:k], probs=qs[:k])
         level.hidden = hidden
         levels.append(level)
-        if conf < eps:
+        a = gate.stats.calibrate(conf)
+        surv *= a
+        tokens += surv
+        if not gate.keep_drafting(j + 1, conf, surv, tokens, skip):
             break
         cur = level.tokens[0]
     return levels
 
+
+def matchness(model, cache, window: list, target_next: int, skip: torch.Tensor, head=None) -> float:
+    """Fraction of ``window[1:] + [target_next]`` the draft (skip set ``skip``) predicts, teacher-forced.
+
+    ``window`` = the last W committed tokens (slots n-W .. n-1). One draft forward over them: they attend to the
+    committed target KV of the prefix [0, n-W) and causally to each other, with their draft KV written to scratch
+    slots n .. n+W-1 so the committed target KV is untouched.
+    """
+    dev = model.device
+    n, W = cache.length, len(window)
+    mask = torch.zeros(W, n + W, dtype=torch.bool, device=dev)
+    mask[:, : n - W] = True
+    mask[:, n:] = torch.ones(W, W, dtype=torch.bool, device=dev).tril()
+    logits = model.forward(torch.tensor(window, device=dev), torch.arange(n - W, n, device=dev),
+                           torch.arange(n, n + W, device=dev), cache, attn_mask=mask, skip=skip,
+                           head=None if head is None else head.logits_full)  # the head the draft will use
+    want = torch.tensor(window[1:] + [target_next], device=dev)
+    return float((logits.argmax(-1) == want).float().mean())

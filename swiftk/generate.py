@@ -1,21 +1,25 @@
-"""What every decoding method shares: validated settings, the token sink (stop rules, streaming) and the result.
+"""What every decoding method shares: sampling settings and the sampler, the token sink (stop rules, streaming,
+cancellation), prefill, plain autoregressive decoding, and the typed result and statistics.
 
-The sink takes tokens one at a time, so a method that emits several tokens per step (SWIFT) stops at exactly the
+The sink takes tokens one at a time, so a method that emits several tokens per round (SWIFT) stops at exactly the
 token plain autoregressive decoding would have stopped at.
 """
 from __future__ import annotations
 
 import math
+import random
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from .errors import SwiftkError
-from .sampling import process_logits, sample, validate_sampling_params
+from .sampling import process_logits, validate_sampling_params
 
-METHODS = ("swift", "autoregressive", "early_exit", "static")
+METHODS = ("swift", "autoregressive", "early_exit", "static", "ngram")
+MAX_SEED = 2**63 - 1
 
 
 @dataclass
@@ -27,27 +31,121 @@ class SamplingParams:
 
     def validate(self) -> "SamplingParams":
         validate_sampling_params(self.temperature, self.top_k, self.top_p)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise SwiftkError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            raise SwiftkError(f"seed must be None or an int in [0, 2**63-1], got {self.seed!r}")
         return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device) -> torch.Generator:
-        g = torch.Generator(device=device)
-        g.manual_seed(self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        return g
-
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return process_logits(logits, self.temperature, self.top_k, self.top_p)
 
-    def pick(self, logits: torch.Tensor, gen: torch.Generator) -> int:
-        """Next token from one row of logits: argmax when greedy, else a draw from the processed distribution."""
+
+class Sampler:
+    """The target's choice of the next token, as a score whose argmax is that choice.
+
+    Greedy: the logits. Sampling (coupled, the default): Gumbel-max with noise keyed by (seed, position), i.e. the
+    token at absolute position t is ``argmax_x log p_t(x) + G_t(x)`` with G_t i.i.d. Gumbel drawn from a generator
+    seeded by (seed, t). That is an exact draw from p_t (the processed target distribution), and it is a
+    deterministic function of the seed, the position and the context: any draft verified against it emits exactly
+    the tokens autoregressive decoding with the same seed emits. Seeded sampling is therefore reproducible across
+    methods, skip sets and engine states. ``rejection`` keeps SpecInfer-style tree rejection sampling
+    (acceptance.accept_sampling) for the speculative rounds; its output depends on the draft.
+    """
+
+    def __init__(self, sp: SamplingParams, device, rule: str = "coupled"):
+        self.sp, self.device, self.rule = sp, torch.device(device), rule
+        self.seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(MAX_SEED)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(self.seed)
+        self._noise: dict = {}
+
+    @property
+    def greedy(self) -> bool:
+        return self.sp.greedy
+
+    def noise(self, position: int, V: int) -> torch.Tensor:
+        g = self._noise.get(position)
+        if g is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed((self.seed * 0x9E3779B97F4A7C15 + position) % MAX_SEED)
+            u = torch.rand(V, generator=gen, device=self.device).clamp_(1e-20, 1.0 - 1e-7)
+            g = self._noise[position] = -torch.log(-torch.log(u))
+        return g
+
+    def release(self, below: int) -> None:
+        """Forget the noise of positions already committed."""
+        for p in [p for p in self._noise if p < below]:
+            del self._noise[p]
+
+    def scores(self, logits: torch.Tensor, positions) -> torch.Tensor:
+        """[N, V] logits of the rows predicting ``positions`` -> scores whose row argmax is the choice."""
         if self.greedy:
-            return int(torch.argmax(logits))
-        return int(sample(self.probs(logits), gen))
+            return logits
+        logp = torch.log(self.sp.probs(logits))
+        V = logits.shape[-1]
+        return logp + torch.stack([self.noise(int(p), V) for p in positions])
+
+    def pick(self, logits_row: torch.Tensor, position: int) -> int:
+        return int(torch.argmax(self.scores(logits_row[None], [position])[0]))
+
+
+@dataclass
+class DecodeStats:
+    """Per-call statistics (JSON-serialisable with ``to_dict``; ``stats["name"]`` reads a field too)."""
+
+    method: str = ""
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+    wall_time_s: float = 0.0
+    tokens_per_s: float = 0.0
+    decoding_steps: int = 0            # target forward passes (prefill, plain steps, verify passes)
+    rounds: int = 0                    # speculative rounds (verify passes of a tree with drafted nodes)
+    plain_steps: int = 0               # rounds the speed gate decided to decode one token plainly
+    accept_lengths: list = field(default_factory=list)   # tokens emitted per verify pass (accepted + bonus)
+    mean_accepted_length: float = 0.0  # M
+    acceptance_rate: float = 0.0       # alpha = accepted drafted tokens / drafted tokens
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_source: dict = field(default_factory=dict)  # draft / ngram -> accepted tokens
+    tree_sizes: list = field(default_factory=list)
+    max_tree_nodes: int = 0
+    time_optimize_s: float = 0.0
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_other_s: float = 0.0
+    phases: list = field(default_factory=list)            # per round: context / optimize / accelerate / plain
+    skip_set: Optional[dict] = None
+    exit_layer: Optional[int] = None
+    matchness_history: list = field(default_factory=list)  # (generated tokens so far, matchness, source)
+    best_matchness: Optional[float] = None
+    optimization_done: Optional[bool] = None
+    optimization_steps: Optional[int] = None
+    longest_bo_stall_ms: float = 0.0
+    bo_errors: list = field(default_factory=list)
+    expected_vs_measured: list = field(default_factory=list)  # per round: (expected tok/s, measured tok/s)
+    costs: Optional[dict] = None       # the cost model the gate used (seconds)
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def __contains__(self, key) -> bool:
+        return hasattr(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def finish(self) -> "DecodeStats":
+        n = len(self.accept_lengths)
+        self.mean_accepted_length = sum(self.accept_lengths) / n if n else 0.0
+        self.acceptance_rate = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return self
 
 
 @dataclass
@@ -55,18 +153,22 @@ class GenerationResult:
     text: str
     token_ids: list
     prompt_ids: list
-    finish_reason: str            # "eos" | "stop" | "length"
-    stats: dict = field(default_factory=dict)
+    finish_reason: str            # "eos" | "stop" | "length" | "cancelled"
+    stats: DecodeStats = field(default_factory=DecodeStats)
 
 
 class TokenSink:
-    """Collects new tokens, applies eos / stop strings / max_new_tokens, streams decoded text."""
+    """Collects new tokens, applies eos / stop strings / max_new_tokens, streams decoded text.
 
-    def __init__(self, tokenizer, max_new_tokens: int, stop: Sequence[str] = (), callback: Optional[Callable] = None):
+    ``cancel`` (a threading.Event) ends generation at the next token: an abandoned stream() sets it."""
+
+    def __init__(self, tokenizer, max_new_tokens: int, stop: Sequence[str] = (), callback: Optional[Callable] = None,
+                 cancel: Optional[threading.Event] = None):
         self.tok = tokenizer
         self.max_new = max_new_tokens
         self.stop = [s for s in stop if s]
         self.callback = callback
+        self.cancel = cancel
         self.ids: list = []
         self.finish_reason: Optional[str] = None
         self._emitted = ""   # text already streamed
@@ -91,6 +193,8 @@ class TokenSink:
                 self.finish_reason = "stop"
         if not self.done and len(self.ids) >= self.max_new:
             self.finish_reason = "length"
+        if not self.done and self.cancel is not None and self.cancel.is_set():
+            self.finish_reason = "cancelled"
         self._stream()
         return self.done
 
@@ -130,27 +234,37 @@ class Timer:
         return now
 
 
-def autoregressive(engine, prompt_ids: list, sp: SamplingParams, sink: TokenSink) -> dict:
-    """Plain decoding: prefill, then one target forward per token. Returns stats."""
-    model, cache = engine.model, engine.cache
+def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
+    """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache)."""
     dev = model.device
-    gen = sp.generator(dev)
     P = len(prompt_ids)
     cache.reset()
-    logits = model.forward(torch.tensor(prompt_ids, device=dev), torch.arange(P, device=dev),
-                           torch.arange(P, device=dev), cache, logits_idx=torch.tensor([P - 1], device=dev))
+    ar = torch.arange(P, device=dev)
+    logits = model.forward(torch.tensor(prompt_ids, device=dev), ar, ar, cache,
+                           logits_idx=torch.tensor([P - 1], device=dev))
     cache.length = P
+    return sampler.pick(logits[0], P)
+
+
+def plain_step(model, cache, token: int, sampler: Sampler) -> int:
+    """One autoregressive step: ``token`` goes into the cache, the next token comes back."""
+    dev = model.device
+    n = cache.length
+    pos = torch.tensor([n], device=dev)
+    logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache)
+    cache.length = n + 1
+    sampler.release(n + 1)
+    return sampler.pick(logits[0], n + 1)
+
+
+def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:
+    """Plain decoding: prefill, then one target forward per token."""
+    tok = prefill(model, cache, prompt_ids, sampler)
     steps = 1
-    tok = sp.pick(logits[0], gen)
-    one = torch.empty(1, dtype=torch.long, device=dev)
     while not sink.push(tok):
-        n = cache.length
-        one.fill_(n)
-        logits = model.forward(torch.tensor([tok], device=dev), one, one, cache)
-        cache.length = n + 1
+        tok = plain_step(model, cache, tok, sampler)
         steps += 1
-        tok = sp.pick(logits[0], gen)
-    return {"decoding_steps": steps}
+    return DecodeStats(decoding_steps=steps, plain_steps=steps - 1)
 
 
 def check_lengths(prompt_len: int, max_new_tokens, limit: int, model_ctx: int) -> None:

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .config import SUPPORTED_ARCHS, ModelConfig, from_hf_config
+from .config import SUPPORTED_ARCHS, ModelConfig, from_hf_config, positive_float, positive_int
 from .errors import SwiftkError
 from .tokenizer import Tokenizer
 
@@ -78,6 +78,29 @@ def expected_shapes(cfg: ModelConfig) -> dict:
         s[b + "mlp.up_proj.weight"] = (I, D)
         s[b + "mlp.down_proj.weight"] = (D, I)
     return s
+
+
+def check_layer_count(n_layers: int, names, layer_re: re.Pattern, field: str, where: str) -> None:
+    """The config's layer count must match the layer tensors present; checked before anything per layer is built.
+
+    ``layer_re`` matches a layer tensor's name with the layer index as group 1. A count above what the file
+    holds (say block_count 0xFFFFFFFF) would have expected_shapes() list billions of names; a count below it
+    would silently drop the last layers and change every output.
+    """
+    by_layer = {}
+    for n in names:
+        m = layer_re.match(n)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(n)
+    top = max(by_layer, default=-1) + 1  # the file cannot hold more than layers 0..top-1
+    if n_layers > top:
+        held = f"only layers 0..{top - 1}" if top else "no layers"
+        raise SwiftkError(f"{where}: {field} is {n_layers} but the file has tensors for {held}")
+    unused = [n for i in sorted(by_layer) if i >= n_layers for n in sorted(by_layer[i])]
+    if unused:
+        shown = ", ".join(unused[:4]) + (f" (and {len(unused) - 4} more)" if len(unused) > 4 else "")
+        raise SwiftkError(f"{where}: {field} is {n_layers} but the file also has tensors for layers "
+                          f"{n_layers}..{top - 1}, which would be left unused: {shown}")
 
 
 def _check_shape(name: str, got, want, source: str = "") -> None:
@@ -159,7 +182,7 @@ _READER_PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
 
 @functools.lru_cache(maxsize=None)
 def _reader_class():
-    from gguf import GGUFReader
+    from gguf import GGUFReader, GGUFValueType
 
     class _PlainViewReader(GGUFReader):
         """GGUFReader over a plain ndarray view of its memmap.
@@ -176,6 +199,19 @@ def _reader_class():
         @data.setter
         def data(self, value):
             self._plain_data = value.view(np.ndarray)
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            # The reader walks an array one element at a time, and past the end of the file a read returns
+            # an empty view without moving on: an array header claiming 10**12 elements would loop until
+            # memory runs out. So the claimed elements must fit in the bytes left (strings take >= 8 each).
+            if raw_type == GGUFValueType.ARRAY:
+                item_type = int(self._get(orig_offs, np.uint32)[0])
+                count = int(self._get(orig_offs + 4, np.uint64)[0])
+                np_type = self.gguf_scalar_to_np.get(item_type)
+                item_size = np.dtype(np_type).itemsize if np_type else 8 if item_type == GGUFValueType.STRING else 12
+                if count * item_size > len(self.data) - orig_offs - 12:
+                    raise ValueError(f"array at byte {orig_offs} claims {count} elements, more than the file holds")
+            return super()._get_field_parts(orig_offs, raw_type)
 
     return _PlainViewReader
 
@@ -254,13 +290,22 @@ def _gguf_config(meta: dict, tensors_by_name: dict, path: Path) -> ModelConfig:
             raise SwiftkError(f"GGUF {path.name} lacks metadata {arch}.{key}")
         return v
 
+    # Checked under their metadata names before any arithmetic (head_count 0 would divide by zero).
+    def count(key, default=None):
+        return positive_int(get(key, default), f"GGUF {path.name}: metadata {arch}.{key}")
+
+    def real(key, default):
+        return positive_float(get(key, default), f"GGUF {path.name}: metadata {arch}.{key}")
+
     emb = tensors_by_name.get("token_embd.weight")
     if emb is None:
         raise SwiftkError(f"GGUF {path.name}: missing tensor token_embd.weight")
-    hidden = int(get("embedding_length"))
-    n_heads = int(get("attention.head_count"))
-    n_kv = get("attention.head_count_kv", n_heads)
-    head_dim = get("attention.key_length", hidden // n_heads)
+    if len(emb.shape) != 2:
+        raise SwiftkError(f"GGUF {path.name}: token_embd.weight must be 2-D, got shape {_numpy_shape(emb)}")
+    hidden = count("embedding_length")
+    n_heads = count("attention.head_count")
+    n_kv = count("attention.head_count_kv", n_heads)
+    head_dim = count("attention.key_length", hidden // n_heads)
 
     stype = meta.get(f"{arch}.rope.scaling.type")
     sfactor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
@@ -270,19 +315,24 @@ def _gguf_config(meta: dict, tensors_by_name: dict, path: Path) -> ModelConfig:
     freq_factors = None
     rf = tensors_by_name.get("rope_freqs.weight")
     if rf is not None:
+        # Checked before dequantizing: this tensor is read before the general shape checks.
+        _check_shape("rope_freqs.weight", _numpy_shape(rf), (head_dim // 2,))
+        if rf.tensor_type not in _supported_qtypes():
+            raise SwiftkError(f"GGUF {path.name}: unsupported quant type {rf.tensor_type.name} "
+                              f"in tensor rope_freqs.weight")
         freq_factors = _dequantize(rf, torch.float32).flatten().tolist()
     return ModelConfig(
         arch=arch,
         vocab_size=int(emb.shape[1]),  # ggml dims are [ne0=hidden, ne1=vocab]
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        n_layers=int(get("block_count")),
+        intermediate_size=count("feed_forward_length"),
+        n_layers=count("block_count"),
         n_heads=n_heads,
-        n_kv_heads=int(n_kv),
-        head_dim=int(head_dim),
-        rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        max_position=int(get("context_length", 2048)),
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        rms_eps=real("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=real("rope.freq_base", 10000.0),
+        max_position=count("context_length", 2048),
         tie_embeddings="output.weight" not in tensors_by_name,
         qkv_bias="blk.0.attn_q.bias" in tensors_by_name,
         rope_scaling=None,  # llama3 scaling arrives as rope_freq_factors
@@ -338,6 +388,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
     meta = gf.metadata
     by_name = {t.name: t for t in gf.tensors}
     cfg = _gguf_config(meta, by_name, path)
+    check_layer_count(cfg.n_layers, by_name, _BLK, f"metadata {cfg.arch}.block_count", f"GGUF {path.name}")
     want = expected_shapes(cfg)
     supported = _supported_qtypes()
     # Validate names, shapes and quant types before the (slow) dequantization.
@@ -405,20 +456,39 @@ def _safetensors_files(d: Path) -> list:
     return files
 
 
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _safetensors_keys(f: Path) -> list:
+    """Tensor names in one safetensors file (reads only its header)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt") as sf:
+            return list(sf.keys())
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise SwiftkError(f"cannot read {f}: corrupt or truncated safetensors file ({e})") from e
+
+
 def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
     from safetensors import safe_open
 
     try:
         raw = json.loads((d / "config.json").read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SwiftkError(f"{d / 'config.json'} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise SwiftkError(f"{d / 'config.json'} must hold a JSON object, got {type(raw).__name__}")
+    name = raw.get("_name_or_path") or raw.get("_model_name_or_path")
     try:
-        cfg = from_hf_config(raw, name=raw.get("_name_or_path") or raw.get("_model_name_or_path") or d.name)
+        cfg = from_hf_config(raw, name=name if isinstance(name, str) and name else d.name)
     except KeyError as e:
         raise SwiftkError(f"{d / 'config.json'} lacks {e}") from e
     cfg.extra["format"] = "hf"
-    want = expected_shapes(cfg)
     files = _safetensors_files(d)
+    names = [k for f in files for k in _safetensors_keys(f)]
+    check_layer_count(cfg.n_layers, names, _HF_LAYER, "config.json num_hidden_layers", str(d))
+    want = expected_shapes(cfg)
     tensors, lm_head = {}, None
     for f in files:
         try:

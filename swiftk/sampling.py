@@ -17,13 +17,24 @@ import torch
 from swiftk.errors import SwiftkError
 
 
+def _is_real(x) -> bool:
+    """An int or float with a finite float value, and not a bool (True would silently mean 1)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float: dividing logits by it would fail later
+        return False
+
+
 def validate_temperature(temperature: float) -> None:
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-        raise SwiftkError(f"temperature must be a number >= 0, got {temperature!r}")
+    # inf would divide every logit to 0 (a uniform draw); nan would poison the probabilities.
+    if not _is_real(temperature) or temperature < 0:
+        raise SwiftkError(f"temperature must be a finite number >= 0, got {temperature!r}")
 
 
 def validate_top_p(top_p: float) -> None:
-    if not isinstance(top_p, (int, float)) or math.isnan(top_p) or not 0.0 < top_p <= 1.0:
+    if not _is_real(top_p) or not 0.0 < top_p <= 1.0:
         raise SwiftkError(f"top_p must be in (0, 1], got {top_p!r}")
 
 

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .engine import write_json_atomic
+from .atomic import write_json_atomic
 from .errors import SwiftkError
 
 STATE_VERSION = 1

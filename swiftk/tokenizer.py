@@ -223,6 +223,7 @@ class Tokenizer:
 
     # ---- use ----------------------------------------------------------------------------
     def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
+        _check_text(text, "text to encode")
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_bos is None:
             add_bos = self.add_bos
@@ -251,6 +252,7 @@ class Tokenizer:
         """Render the model's chat template (sandboxed jinja2, like transformers does)."""
         if not self.chat_template:
             raise SwiftkError("this model has no chat template; pass a plain prompt instead")
+        _check_messages(messages)
         if self._template is None:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -266,13 +268,44 @@ class Tokenizer:
                 self._template = env.from_string(self.chat_template)
             except Exception as e:
                 raise SwiftkError(f"cannot parse chat template: {e}") from e
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
-            **kwargs,
-        )
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **kwargs,
+            )
+        except TemplateError as e:  # e.g. the template reads a key these messages lack
+            raise SwiftkError(f"chat template error: {type(e).__name__}: {e}") from e
+
+
+def _check_text(text, what: str) -> None:
+    """SwiftkError unless ``text`` is a str that UTF-8 can encode (the tokenizers library raises TypeError)."""
+    if not isinstance(text, str):
+        raise SwiftkError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # only lone surrogates such as "\ud800" fail here
+        raise SwiftkError(f"{what} is not valid Unicode: lone surrogate {text[e.start]!r} at index {e.start}") from e
+
+
+def _check_messages(messages) -> None:
+    """Chat messages must be a list of {"role": str, "content": str} dicts; checked before templating so a
+    malformed one gets a SwiftkError naming it rather than a jinja2 error from inside the template."""
+    form = 'a list of {"role": str, "content": str} dicts'
+    if not isinstance(messages, (list, tuple)):
+        raise SwiftkError(f"chat messages must be {form}, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise SwiftkError(f"chat message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        for key in ("role", "content"):
+            if key not in m:
+                raise SwiftkError(f"chat message {i} has no {key!r}; messages must be {form}")
+            if not isinstance(m[key], str):
+                raise SwiftkError(f"chat message {i}: {key!r} must be a str, got {type(m[key]).__name__}")
 
 
 def _added_special(backend: _HFTokenizer):

@@ -9,8 +9,12 @@ import swiftk.model as model_mod
 from swiftk.cli import main as cli_main
 from swiftk.drafter import draft
 from swiftk.errors import SwiftkError
-from swiftk.generate import SamplingParams
-from swiftk.swift import kvq_boundary, verify
+from swiftk.config import DecodeConfig
+from swiftk.costs import Gate
+from swiftk.generate import Sampler, SamplingParams
+from swiftk.skipset import kvq_boundary
+from swiftk.state import AcceptanceStats
+from swiftk.swift import verify
 from swiftk.tree import GREEDY_TOPK, build_tree
 
 PROMPTS = [
@@ -47,8 +51,11 @@ def test_early_exit_and_static_identical_to_autoregressive_with_and_without_kvq(
     E = eng.config.n_layers // 2
     for p in PROMPTS:
         for kvq in (False, True):
-            ee = eng.generate(p, max_new_tokens=128, method="early_exit", exit_layer=E, kvq=kvq)
-            st = eng.generate(p, max_new_tokens=128, method="static", skip_set=static_set, kvq=kvq)
+            # speculate="always": every round drafts, so KVQ reuse is exercised (the gate would stop drafting
+            # these poor drafts; test_swift covers the gate on real weights)
+            ee = eng.generate(p, max_new_tokens=128, method="early_exit", exit_layer=E, kvq=kvq, speculate="always")
+            st = eng.generate(p, max_new_tokens=128, method="static", skip_set=static_set, kvq=kvq,
+                              speculate="always")
             assert ee.token_ids == ar_ref[p], (p[:30], "early_exit", kvq)
             assert st.token_ids == ar_ref[p], (p[:30], "static", kvq)
             assert ee.stats["method"] == "early_exit" and ee.stats["exit_layer"] == E
@@ -84,13 +91,14 @@ def test_kvq_verify_skips_layers_below_boundary_for_drafted_spine(eng, static_se
     assert f == (L // 2 if mode == "early_exit" else 3)
     ids = eng.tokenizer.encode(PROMPTS[0])
     P = len(ids)
-    sp = SamplingParams(0.0).validate()
+    sampler = Sampler(SamplingParams(0.0).validate(), "cpu")
+    gate = Gate(eng.costs, AcceptanceStats(), DecodeConfig(speculate="always", eps=0.0))
 
     def one_round(boundary):
         cache.reset()
         m.forward(torch.tensor(ids[:-1]), torch.arange(P - 1), torch.arange(P - 1), cache)
         cache.length = P - 1
-        levels = draft(m, cache, ids[-1], skip, sp, None, max_draft=6, eps=0.0, max_spine=63,
+        levels = draft(m, cache, ids[-1], skip, sampler, gate, max_draft=6, max_spine=63,
                        topk_bins=GREEDY_TOPK, boundary=boundary)
         tree = build_tree(ids[-1], levels, P - 1, 64, m.device)
         counter = _RowCounter(monkeypatch)
@@ -159,27 +167,6 @@ def test_skip_set_file_errors(eng, tmp_path):
 
 
 # ---------------------------------------------------------------- swiftk optimize on a tiny model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    d = tmp_path_factory.mktemp("tiny-llama")
-    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
-                                                         "add_bos_token": False}))
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=6,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   bos_token_id=1, eos_token_id=2)
-    hf = transformers.LlamaForCausalLM(cfg).float().eval()
-    hf.save_pretrained(d, safe_serialization=True)
-    return d
 
 
 def test_swiftk_optimize_cli_writes_a_loadable_set_and_resumes(tiny_dir, tmp_path, capsys):

@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import swiftk
 import swiftk.swift as swift_mod
-from swiftk.swift import matchness
+from swiftk.drafter import matchness
 from swiftk.tree import DraftLevel
 
 FREE_TEXT = [
@@ -47,11 +47,13 @@ def _ar(eng, prompt, n):
 def test_greedy_stream_identical_to_autoregressive(eng):
     """20 prompts x 128 tokens through one engine: context, optimization and acceleration phases all occur."""
     prompts = _humaneval(12) + FREE_TEXT
-    eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=80, patience=40, bo_mode="process")
+    # opt_budget=1: optimize on every round, so every phase occurs within the stream; both gate rules alternate
+    eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=80, patience=40, bo_mode="thread",
+                        opt_budget=1.0)
     phases = set()
     accepted = []
-    for p in prompts:
-        out = eng.generate(p, max_new_tokens=128, method="swift")
+    for i, p in enumerate(prompts):
+        out = eng.generate(p, max_new_tokens=128, method="swift", speculate=("always", "auto")[i % 2])
         ref = _ar(eng, p, 128)
         assert out.token_ids == ref, p[:40]
         phases.update(out.stats["phases"])
@@ -65,10 +67,11 @@ def test_greedy_stream_identical_to_autoregressive(eng):
 
 def test_optimized_skip_set_beats_uniform_on_humaneval(eng):
     """Matchness of the optimized set vs the uniform start, on windows from held-out HumanEval prompts."""
-    eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=120, patience=60, bo_mode="sync")
+    eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=120, patience=60, bo_mode="sync",
+                        objective="matchness", opt_budget=1.0)
     for p in _humaneval(14)[:4]:
         eng.generate(p, max_new_tokens=96)
-    best, uniform = eng.skip_set_device(), eng.optimizer.initial()
+    best, uniform = eng.skip_set, eng.optimizer.initial()
     scores = {"best": [], "uniform": []}
     for p in _humaneval(14)[12:14]:
         ids = eng.tokenizer.encode(p)
@@ -93,7 +96,8 @@ def test_forced_random_trees_stay_lossless(eng, monkeypatch):
     refs = {p: eng.tokenizer.encode(p) + _ar(eng, p, 48) for p in prompts}
     state = {}
 
-    def fake_draft(model, cache, root, skip, sp, gen, *, max_draft, eps, max_spine, topk_bins, boundary=None):
+    def fake_draft(model, cache, root, skip, sampler, gate, *, max_draft, max_spine, topk_bins, boundary=None,
+                   head=None, rejection=False):
         full = state["full"]
         n = cache.length
         assert full[n] == root
@@ -118,7 +122,8 @@ def test_forced_random_trees_stay_lossless(eng, monkeypatch):
     for p in prompts:
         state["full"] = refs[p]
         for budget in (2, 5, 64):
-            out = eng.generate(p, max_new_tokens=48, method="swift", optimize=False, max_tree_nodes=budget)
+            out = eng.generate(p, max_new_tokens=48, method="swift", optimize=False, max_tree_nodes=budget,
+                               speculate="always", ngram=False)
             assert out.token_ids == refs[p][len(eng.tokenizer.encode(p)):], (p, budget)
 
 
@@ -132,7 +137,8 @@ def test_random_skip_sets_and_knobs_stay_lossless(eng):
         s[:2] = s[-2:] = False
         eng.skip_set = s
         out = eng.generate(p, max_new_tokens=40, optimize=False, eps=[0.0, 0.5, 0.9][trial],
-                           max_draft=[3, 8, 25][trial], max_tree_nodes=[3, 10, 40][trial])
+                           max_draft=[3, 8, 25][trial], max_tree_nodes=[3, 10, 40][trial],
+                           speculate=("always", "auto", "always")[trial])
         assert out.token_ids == ref
 
 
@@ -158,10 +164,10 @@ def test_kv_cache_is_never_copied(eng):
     allowed = {cache.data.untyped_storage().data_ptr()}
     for t in [m.embed, m.lm_head] + [w for L in m.layers for w in (L.wqkv, L.w_gate_up, L.w_down, L.wo)]:
         allowed.add(t.untyped_storage().data_ptr())
-    eng.reset_optimizer(bo_mode="sync", bayes_interval=3, context_window=8)
+    eng.reset_optimizer(bo_mode="sync", bayes_interval=3, context_window=8, opt_budget=1.0)
     mode = _BigAllocations(cache.data.untyped_storage().nbytes() // 8, allowed)
     with mode:  # covers context, optimization (random + BO) and off-spine commits
-        out = eng.generate("def quicksort(arr):", max_new_tokens=24, max_tree_nodes=12)
+        out = eng.generate("def quicksort(arr):", max_new_tokens=24, max_tree_nodes=12, speculate="always")
     assert "optimize" in out.stats["phases"]
     assert cache.data.data_ptr() == ptr
     assert not mode.seen, mode.seen[:5]

@@ -49,7 +49,7 @@ def engine():
         hf.lm_head.weight.mul_(8.0)  # sharper distributions: drafts get accepted sometimes, rejected sometimes
     ck = Checkpoint(config=from_hf_config(cfg.to_dict()), tensors=dict(hf.state_dict()), tokenizer=_IdTokenizer(),
                     identity={"name": "tiny"})
-    eng = Engine(ck, max_context=32, optimize=False, max_tree_nodes=8, max_draft=3, eps=0.0)
+    eng = Engine(ck, max_context=32, optimize=False, max_tree_nodes=8, max_draft=3, eps=0.0, speculate="always")
     s = torch.zeros(8, dtype=torch.bool)
     s[[2, 5]] = True  # attention of layer 1, MLP of layer 2
     eng.skip_set = s
@@ -80,6 +80,7 @@ def _chi2_pvalue(counts, probs):
 
 
 def _sample_pairs(eng, prompt, n, temperature, **kw):
+    """Seeds 0..n-1 each draw one sample of the first two tokens."""
     counts = torch.zeros(V * V, dtype=torch.float64)
     stats = {"rounds": 0, "accepted": 0}
     for seed in range(n):
@@ -90,11 +91,12 @@ def _sample_pairs(eng, prompt, n, temperature, **kw):
     return counts, stats
 
 
-def test_swift_sampling_matches_target_joint(engine):
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_swift_sampling_matches_target_joint(engine, rule):
     prompt = [3, 7, 1, 12]
     temperature = 1.0
     exact = _exact_joint(engine, prompt, temperature).flatten()
-    counts, st = _sample_pairs(engine, prompt, 3000, temperature)
+    counts, st = _sample_pairs(engine, prompt, 3000, temperature, sampling=rule)
     assert st["accepted"] > 0, "the draft never got a token accepted: the test would not exercise acceptance"
     p = _chi2_pvalue(counts, exact)
     tv = 0.5 * float((counts / counts.sum() - exact).abs().sum())

@@ -45,6 +45,7 @@ _REPO = Path(__file__).resolve().parents[2]
 if __name__ == "__main__" and str(_REPO) not in sys.path:
     sys.path.insert(0, str(_REPO))  # run as a script: make `swiftk` importable without installing it
 
+from swiftk.atomic import write_json_atomic  # noqa: E402
 from swiftk.errors import SwiftkError  # noqa: E402
 
 MIB = 1 << 20
@@ -91,12 +92,6 @@ def _sha256(path: Path) -> str:
         while b := f.read(_IO_CHUNK):
             h.update(b)
     return h.hexdigest()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def manifest_path(out_dir: Path, name: str) -> Path:
@@ -147,7 +142,7 @@ def split_file(src, out_dir, name: str, chunk_bytes: int, filename: str | None =
     manifest = {"version": MANIFEST_VERSION, "name": name, "filename": filename or src.name, "size": size,
                 "sha256": digest, "chunk_bytes": chunk_bytes, "pieces": pieces}
     mpath = manifest_path(out_dir, name)
-    _write_atomic(mpath, json.dumps(manifest, indent=1) + "\n")
+    write_json_atomic(mpath, manifest)
     return mpath
 
 

@@ -111,8 +111,23 @@ def get_ops(device) -> SimpleNamespace:
     if key not in _cache:
         impl, chosen = _select(key[0])
         used = [b for b in ("cuda", "triton", "torch") if b in chosen.values()]
-        _cache[key] = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
+        ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
+        ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
+        _cache[key] = ns
     return _cache[key]
+
+
+def _tree_attend_planner(ops, dense: bool):
+    """tree_attend(mask, T, scale) -> f(q, kv_layer): the torch path attends with the dense mask (built once per
+    pass, not once per layer); kernels read the packed bits."""
+    if dense:
+        def plan(mask, T, scale):
+            m, S = mask.dense(), mask.prefix_len + T
+            return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], m, scale).reshape(T, -1)
+    else:
+        def plan(mask, T, scale):
+            return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], mask.prefix_len, mask.bits, scale).reshape(T, -1)
+    return plan
 
 
 def describe(device=None) -> dict:

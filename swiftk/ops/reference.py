@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from swiftk.tree import pack_tree_mask, unpack_tree_mask  # noqa: F401  (the bitmask format, owned by tree.py)
+
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, D] -> x / rms(x) * weight, statistics in float32, result in x.dtype."""
@@ -81,30 +83,6 @@ def attention(
     p = torch.softmax(scores, dim=-1)
     out = torch.matmul(p, v_cache.float()[:, None])  # [KV, g, T, hd]
     return out.permute(2, 0, 1, 3).reshape(T, H, hd).to(q.dtype)
-
-
-def pack_tree_mask(tree_mask: torch.Tensor) -> torch.Tensor:
-    """Dense ancestor mask [T, T] bool -> packed bits [T, ceil(T/32)] int32 (bit j%32 of word j//32).
-
-    This is the format shared by the verifier and the tree-attention kernels.
-    """
-    T = tree_mask.shape[0]
-    W = (T + 31) // 32
-    padded = torch.zeros(T, W * 32, dtype=torch.int64, device=tree_mask.device)
-    padded[:, :T] = tree_mask.to(torch.int64)
-    weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64, device=tree_mask.device),
-                                       torch.arange(32, device=tree_mask.device))
-    words = (padded.view(T, W, 32) * weights).sum(-1)
-    # reinterpret the low 32 bits as signed int32
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32)
-
-
-def unpack_tree_mask(bits: torch.Tensor, T: int) -> torch.Tensor:
-    """Inverse of :func:`pack_tree_mask`: [T, W] int32 -> [T, T] bool."""
-    shifts = torch.arange(32, device=bits.device, dtype=torch.int64)
-    b = (bits.to(torch.int64)[:, :, None] >> shifts) & 1
-    return b.reshape(bits.shape[0], -1)[:, :T].bool()
 
 
 def tree_attention(

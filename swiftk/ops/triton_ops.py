@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-OP_NAMES = ("rmsnorm", "fused_add_rmsnorm", "apply_rope", "swiglu", "attention", "tree_attention", "kv_commit")
 
 
 def kernels_package():

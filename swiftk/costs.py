@@ -1,0 +1,182 @@
+"""What decoding costs on the device it runs on, and the gate that decides from it whether a draft pays.
+
+Speed model (DESIGN.md): with one decode step costing ``step`` seconds, a round that drafts k tokens at ``draft``
+each and verifies T nodes at ``v(T)`` emits M tokens; it pays when M / (k*draft + v(T)) > 1 / step.
+
+:class:`CostModel` starts from priors (a draft step costs the share of weight bytes it reads, plus an overhead
+share; a verify pass of T tokens costs ``1 + slope*(T-1)`` steps) and refines every figure from the passes it
+observes (exponential moving averages), so it needs no start-up benchmark; the engine persists it per device.
+:class:`Gate` turns it and the learned acceptance statistics (state.AcceptanceStats) into per-round decisions:
+draft or take a plain step, how deep, how many tree nodes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+_EMA = 0.2
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _ema(old: Optional[float], new: float) -> float:
+    if old is None:
+        return new
+    new = min(new, 3.0 * old)  # one OS hiccup must not swing the model
+    return old + _EMA * (new - old)
+
+
+class CostModel:
+    def __init__(self, model):
+        c, L0 = model.cfg, model.layers[0]
+        self.attn_bytes = sum(t.numel() for t in (L0.wqkv, L0.wo)) * model.dtype.itemsize
+        self.mlp_bytes = sum(t.numel() for t in (L0.w_gate_up, L0.w_down)) * model.dtype.itemsize
+        self.head_bytes = model.lm_head.numel() * model.dtype.itemsize
+        self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
+        gpu = model.device.type == "cuda"
+        self.slope = 0.002 if gpu else 0.03   # prior: extra verify cost per token, in steps
+        self.step: Optional[float] = None     # seconds of a plain decode step
+        self.verify: dict = {}                # bucket -> seconds of a verify pass of that many tokens
+        self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
+        self.opt: Optional[float] = None      # seconds of one matchness pass
+        self.draft_head_bytes: Optional[int] = None  # a reduced-vocabulary draft head reads fewer bytes
+        self._kept = (None, 0.0)
+
+    # ---- observations
+    def observe_step(self, dt: float) -> None:
+        self.step = _ema(self.step, dt)
+
+    def observe_verify(self, T: int, dt: float) -> None:
+        if T == 1:
+            return self.observe_step(dt)
+        b = min(BUCKETS, key=lambda x: abs(x - T))
+        self.verify[b] = _ema(self.verify.get(b), dt * self._prior_v(b) / self._prior_v(T))
+
+    def observe_draft(self, skip: torch.Tensor, dt: float) -> None:
+        if self.step is None:
+            return
+        kf = self.kept_fraction(skip)
+        if kf < 0.999:
+            o = min(0.95, max(0.0, (dt / self.step - kf) / (1.0 - kf)))
+            self.overhead += _EMA * (o - self.overhead)
+
+    def observe_opt(self, dt: float) -> None:
+        self.opt = _ema(self.opt, dt)
+
+    # ---- estimates (seconds)
+    def _prior_v(self, T: float) -> float:
+        return 1.0 + self.slope * (T - 1)
+
+    def v(self, T: int) -> float:
+        """Seconds of a verify pass over T tokens: the nearest measured buckets, scaled by the prior's shape."""
+        step = self.step or 1.0
+        if T <= 1:
+            return step
+        if not self.verify:
+            return step * self._prior_v(T)
+        b = min(self.verify, key=lambda x: abs(x - T))
+        return self.verify[b] * self._prior_v(T) / self._prior_v(b)
+
+    def kept_fraction(self, skip: Optional[torch.Tensor]) -> float:
+        """Share of the weight bytes a draft step with ``skip`` reads (the LM head is never skipped)."""
+        if skip is None:
+            return 1.0
+        if self._kept[0] is skip:
+            return self._kept[1]
+        s = skip.view(-1, 2).cpu()
+        n_attn, n_mlp = int(s[:, 0].sum()), int(s[:, 1].sum())
+        head = self.head_bytes if self.draft_head_bytes is None else self.draft_head_bytes
+        kept = (self.total_bytes - self.head_bytes + head - n_attn * self.attn_bytes - n_mlp * self.mlp_bytes)
+        self._kept = (skip, kept / self.total_bytes)
+        return self._kept[1]
+
+    def draft(self, skip: torch.Tensor) -> float:
+        step = self.step or 1.0
+        return step * (self.overhead + (1.0 - self.overhead) * self.kept_fraction(skip))
+
+    def expected_rate(self, matchness: float, skip: torch.Tensor, max_k: int = 16) -> float:
+        """Tokens per step-time of drafting chains with per-token acceptance ``matchness``, at the best depth
+        (the optimizer's speed objective; 1.0 = plain decoding)."""
+        step = self.step or 1.0
+        c, best, tokens, surv = self.draft(skip), 0.0, 1.0, 1.0
+        for k in range(1, max_k + 1):
+            surv *= matchness
+            tokens += surv
+            best = max(best, tokens * step / (k * c + self.v(k + 1)))
+        return best
+
+    def budget(self, limit: float = 1.6) -> int:
+        """Largest tree whose verify pass costs at most ``limit`` steps (speculate='always' with auto budget)."""
+        step = self.step or 1.0
+        return max([T for T in BUCKETS if T >= 4 and self.v(T) <= limit * step] or [4])
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step, "verify_s": {str(k): v for k, v in sorted(self.verify.items())},
+                "draft_overhead": self.overhead, "opt_step_s": self.opt, "attn_bytes": self.attn_bytes,
+                "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes,
+                "draft_head_bytes": self.draft_head_bytes}
+
+    def load_dict(self, d: dict) -> None:
+        step = d.get("step_s")
+        if step is not None and not (isinstance(step, (int, float)) and 0 < step < 60):
+            raise ValueError("implausible step time")
+        self.step = step
+        self.verify = {int(k): float(v) for k, v in (d.get("verify_s") or {}).items() if int(k) in BUCKETS}
+        self.overhead = min(0.95, max(0.0, float(d.get("draft_overhead", self.overhead))))
+        self.opt = d.get("opt_step_s")
+
+
+class Gate:
+    """Per-round decisions from the cost model and the acceptance statistics.
+
+    ``speculate="always"`` is the paper's rule (draft every round, stop below ``eps``, fixed tree budget).
+    ``"auto"`` drafts while the expected tokens per second of the round grows, keeps the tree nodes that pay for
+    their verify cost, and takes plain steps when recent drafting rounds were slower than plain decoding --
+    probing again after a gap that doubles on every failed probe (so a text that becomes predictable is noticed
+    and an unpredictable one costs a few percent at most)."""
+
+    def __init__(self, costs: CostModel, stats, cfg):
+        self.costs, self.stats, self.cfg = costs, stats, cfg
+        self.auto = cfg.speculate == "auto"
+
+    def should_draft(self) -> bool:
+        st = self.stats
+        if not self.auto or st.draft_rate is None or st.draft_rate > 1.0:
+            return True
+        st.since_draft += 1
+        if st.since_draft >= st.probe_gap:
+            return True
+        return False
+
+    def drafted(self, rate: float) -> None:
+        """After a round that drafted: its measured rate in plain-step units (1.0 = as fast as plain)."""
+        st = self.stats
+        was_probe = st.draft_rate is not None and st.draft_rate <= 1.0
+        st.draft_rate = _ema(st.draft_rate, rate) if st.draft_rate is not None else rate
+        st.since_draft = 0
+        if was_probe:
+            st.probe_gap = 4 if st.draft_rate > 1.0 else min(128, st.probe_gap * 2)
+
+    def keep_drafting(self, depth: int, conf: float, surv: float, tokens: float, skip) -> bool:
+        """After ``depth`` draft steps (chain survival ``surv``, expected tokens ``tokens``): one more?"""
+        if not self.auto:
+            return conf >= self.cfg.eps
+        c = self.costs
+        a = self.stats.calibrate(conf)
+        sunk = depth * c.draft(skip)
+        now = tokens / (sunk + c.v(depth + 1))
+        more = (tokens + surv * a) / (sunk + c.draft(skip) + c.v(depth + 2))
+        return more > now
+
+    def tree_size(self, sunk_s: float, values: list) -> int:
+        """Non-root nodes to verify, given their acceptance values sorted best first and the time already spent."""
+        if not self.auto:
+            return len(values)
+        c = self.costs
+        best_n, best, tokens = 0, 1.0 / (sunk_s + c.v(1)), 1.0
+        for n, val in enumerate(values, 1):
+            tokens += val
+            r = tokens / (sunk_s + c.v(n + 1))
+            if r > best:
+                best_n, best = n, r
+        return best_n

@@ -1,0 +1,143 @@
+"""The learned state of self-speculative decoding, in one owner.
+
+:class:`SkipSetState` holds the skip-set optimizer (whose incumbent *is* the draft's skip set), the acceptance
+statistics the speed gate learns, and ``tokens_seen``. The engine keeps one per model; a benchmark may keep
+several side by side and pass each to ``eng.generate(..., state=...)``. It persists as JSON (``save``/``load``)
+so a new process starts from what the last one learned (engine.py chooses the file per model, device and dtype).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .atomic import write_json_atomic
+from .config import OptimizerConfig
+from .errors import SwiftkError
+from .optimizer import SkipSetOptimizer
+
+STATE_VERSION = 2
+_BINS = 10
+
+
+class AcceptanceStats:
+    """P(the target agrees | the draft's probability for the token), per probability bin, and the same for n-gram
+    candidates per match length; plus the gate's memory of how recent drafting rounds paid."""
+
+    def __init__(self, max_n: int = 4):
+        # prior: a token drafted with probability p is accepted with probability ~0.8 p (2 pseudo-observations)
+        self.hits = [2 * 0.8 * (b + 0.5) / _BINS for b in range(_BINS)]
+        self.tries = [2.0] * _BINS
+        # by n-gram match length: a longer match repeats more reliably (prior, 4 pseudo-observations)
+        self.ng_tries = [4.0] * (max_n + 1)
+        self.ng_hits = [4.0 * min(0.7, 0.1 + 0.15 * n) for n in range(max_n + 1)]
+        self.draft_rate: Optional[float] = None  # EMA of drafting rounds' speed, in plain-step units
+        self.since_draft = 0
+        self.probe_gap = 4
+
+    def calibrate(self, p: float) -> float:
+        b = min(_BINS - 1, max(0, int(p * _BINS)))
+        return self.hits[b] / self.tries[b]
+
+    def ngram_prob(self, n: int) -> float:
+        n = min(n, len(self.ng_hits) - 1)
+        return self.ng_hits[n] / self.ng_tries[n]
+
+    def observe(self, p: float, hit: bool) -> None:
+        b = min(_BINS - 1, max(0, int(p * _BINS)))
+        self.hits[b] = 0.99 * self.hits[b] + hit   # slow forgetting: the text and the skip set change
+        self.tries[b] = 0.99 * self.tries[b] + 1
+
+    def observe_ngram(self, n: int, hit: bool) -> None:
+        n = min(n, len(self.ng_hits) - 1)
+        self.ng_hits[n] = 0.99 * self.ng_hits[n] + hit
+        self.ng_tries[n] = 0.99 * self.ng_tries[n] + 1
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("hits", "tries", "ng_hits", "ng_tries", "draft_rate", "probe_gap")}
+
+    def load_dict(self, d: dict) -> None:
+        for k in ("hits", "tries", "ng_hits", "ng_tries"):
+            v = [float(x) for x in d[k]]
+            if len(v) != len(getattr(self, k)) or any(not 0 <= x < 1e6 for x in v):
+                raise ValueError(f"bad {k}")
+            setattr(self, k, v)
+        self.draft_rate = None if d.get("draft_rate") is None else float(d["draft_rate"])
+        self.probe_gap = int(d.get("probe_gap", 4))
+
+
+class SkipSetState:
+    def __init__(self, n_layers: int, cfg: Optional[OptimizerConfig] = None):
+        self.n_layers = n_layers
+        self.cfg = (cfg or OptimizerConfig()).validate()
+        self.optimizer = SkipSetOptimizer(n_layers, self.cfg)
+        self.stats = AcceptanceStats()
+        self.tokens_seen = 0
+        self.time_decode_s = 0.0     # wall time decoded with this state (the optimization budget's base)
+        self.time_optimize_s = 0.0
+        self._dev = (None, None)
+
+    @property
+    def skip_set(self) -> torch.Tensor:
+        """The draft's skip set: the optimizer's incumbent."""
+        return self.optimizer.best
+
+    @skip_set.setter
+    def skip_set(self, s: torch.Tensor) -> None:
+        self.optimizer.best = s.cpu().clone()
+
+    def skip_set_on(self, device) -> torch.Tensor:
+        """The skip set on ``device`` (copied once per set, not once per round)."""
+        s = self.optimizer.best
+        if self._dev[0] is not s:
+            self._dev = (s, s.to(device))
+        return self._dev[1]
+
+    def use(self, skip: torch.Tensor, optimize: bool = False) -> None:
+        """Decode with ``skip`` from now on; by default stop optimizing (the acceleration phase starts at once)."""
+        self.skip_set = skip
+        if not optimize:
+            self.optimizer.finish()
+
+    def optimization_allowed(self, estimate_s: float) -> bool:
+        """The budget: optimization stays under ``opt_budget`` of the wall time decoded with this state."""
+        if self.optimizer.done or self.cfg.opt_budget <= 0:
+            return False
+        return self.time_optimize_s + estimate_s <= self.cfg.opt_budget * max(self.time_decode_s, 1e-9) \
+            or self.time_optimize_s == 0.0
+
+    # ---- persistence
+    def to_dict(self, identity: dict) -> dict:
+        return {"version": STATE_VERSION, "model": identity, "n_layers": self.n_layers,
+                "optimizer_config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
+                "optimizer": self.optimizer.to_dict(), "stats": self.stats.to_dict(),
+                "tokens_seen": self.tokens_seen, "time_decode_s": self.time_decode_s,
+                "time_optimize_s": self.time_optimize_s}
+
+    def save(self, path, identity: dict, extra: Optional[dict] = None) -> None:
+        write_json_atomic(path, {**self.to_dict(identity), **(extra or {})})
+
+    @classmethod
+    def load(cls, path, identity: dict, n_layers: int, cfg: Optional[OptimizerConfig] = None) -> "SkipSetState":
+        """Rebuild a saved state; SwiftkError names what is wrong (missing, corrupt, another model's)."""
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SwiftkError(f"cannot read decoding state {path}: {e}") from None
+        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+            raise SwiftkError(f"{path} is not a swiftk decoding state (version {STATE_VERSION})")
+        if d.get("model") != identity or d.get("n_layers") != n_layers:
+            raise SwiftkError(f"decoding state {path} is for another model ({(d.get('model') or {}).get('name')!r})")
+        st = cls(n_layers, cfg or OptimizerConfig())
+        try:
+            if cfg is None or d.get("optimizer_config") == st.to_dict(identity)["optimizer_config"]:
+                st.optimizer.load_dict(d["optimizer"])   # the search continues only under the same options
+            st.stats.load_dict(d["stats"])
+            st.tokens_seen = int(d.get("tokens_seen", 0))
+            st.time_decode_s = float(d.get("time_decode_s", 0.0))
+            st.time_optimize_s = float(d.get("time_optimize_s", 0.0))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SwiftkError(f"decoding state {path} is corrupt: {e}") from None
+        return st

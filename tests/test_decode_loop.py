@@ -1,0 +1,229 @@
+"""The speculative loop's contract on a tiny random llama: every option applied or rejected, the speed gate, coupled
+sampling, one engine shared by threads, abandoned streams, the persisted state."""
+import dataclasses
+import json
+import threading
+
+import pytest
+import torch
+
+import swiftk
+import swiftk.swift as swift_mod
+from swiftk.config import DecodeConfig, OptimizerConfig
+from swiftk.costs import CostModel
+from swiftk.errors import SwiftkError
+
+PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model is all per-op overhead
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def eng(tiny_dir):
+    return swiftk.load(str(tiny_dir), persist=False)
+
+
+def ar(eng, prompt=PROMPT, n=40, **kw):
+    return eng.generate(prompt, max_new_tokens=n, method="autoregressive", **kw).token_ids
+
+
+ALWAYS = {"speculate": "always", "eps": 0.0}
+
+
+def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
+    ref = ar(eng)
+    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, **ALWAYS)
+    assert out.token_ids == ref and out.stats.drafted_tokens <= out.stats.rounds  # max_draft
+    out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS)
+    assert out.token_ids == ref and max(out.stats.tree_sizes) <= 3                 # max_tree_nodes
+    out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, speculate="always", eps=1.0)
+    assert out.token_ids == ref and out.stats.drafted_tokens == out.stats.rounds   # eps: stop after one step
+    chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, max_draft=4,
+                          topk_greedy=((0.0, 1),), **ALWAYS)
+    assert all(t <= 5 for t in chains.stats.tree_sizes)                            # topk_greedy: chains only
+    assert eng.generate(PROMPT, max_new_tokens=40, ngram=False, method="ngram").stats.rounds >= 0
+    out = eng.generate(PROMPT, max_new_tokens=40, ngram=False, optimize=False, **ALWAYS)
+    assert out.stats.accepted_by_source["ngram"] == 0                               # ngram=False
+    steps = eng.optimizer.steps
+    eng.generate(PROMPT, max_new_tokens=60, optimize=False, **ALWAYS)
+    assert eng.optimizer.steps == steps                                             # optimize=False
+    seen = {}
+    real_verify = swift_mod.verify
+
+    def spy(model, cache, tree, levels, boundary):
+        seen["boundary"] = boundary
+        return real_verify(model, cache, tree, levels, boundary)
+
+    monkeypatch.setattr(swift_mod, "verify", spy)
+    eng.generate(PROMPT, max_new_tokens=12, method="early_exit", exit_layer=3, kvq=True, ngram=False, **ALWAYS)
+    assert seen["boundary"] == 3                                                    # kvq
+    eng.generate(PROMPT, max_new_tokens=12, method="early_exit", exit_layer=3, kvq=False, ngram=False, **ALWAYS)
+    assert seen["boundary"] is None
+    rules = []
+    real_accept = swift_mod.accept_tree
+    monkeypatch.setattr(swift_mod, "accept_tree", lambda tree, t, rule=None, g=None: rules.append(rule)
+                        or real_accept(tree, t, rule, g))
+    eng.generate(PROMPT, max_new_tokens=12, temperature=0.8, seed=1, sampling="rejection", ngram=False, **ALWAYS)
+    assert set(rules) == {"rejection"}                                               # sampling
+    rules.clear()
+    eng.generate(PROMPT, max_new_tokens=12, temperature=0.8, seed=1, **ALWAYS)
+    assert rules and set(rules) == {None}
+    # speculate: "always" drafts every round, "auto" is covered by the gate tests below
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(DecodeConfig)])
+def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
+    bad = {"max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
+           "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
+           "sampling": "gumbel", "draft_vocab": -1}[field]
+    with pytest.raises(SwiftkError, match=field):
+        eng.generate(PROMPT, max_new_tokens=4, **{field: bad})
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(OptimizerConfig)])
+def test_optimizer_options_per_call_are_rejected_with_the_way_to_set_them(eng, field):
+    value = getattr(OptimizerConfig(), field)
+    with pytest.raises(SwiftkError, match=rf"reset_optimizer\({field}="):
+        eng.generate(PROMPT, max_new_tokens=4, **{field: value})
+
+
+def test_reset_optimizer_applies_optimizer_options(eng):
+    L = eng.config.n_layers
+    eng.reset_optimizer(skip_ratio=0.2, context_window=8, objective="matchness")
+    assert eng.state.cfg.skip_ratio == 0.2 and eng.optimizer.skip_count == round(0.2 * 2 * L)
+    assert int(eng.skip_set.sum()) == eng.optimizer.skip_count
+    with pytest.raises(SwiftkError, match="decode option"):
+        eng.reset_optimizer(max_draft=3)
+    with pytest.raises(SwiftkError, match="context_window"):
+        eng.reset_optimizer(context_window=300)
+    with pytest.raises(SwiftkError, match="unknown option"):
+        eng.generate(PROMPT, max_new_tokens=4, skip_rati=0.3)
+
+
+class _Costs(CostModel):
+    """A fake cost model: verification of more than one token is ``verify`` steps, a draft step ``draft``."""
+
+    def __init__(self, model, verify, draft):
+        super().__init__(model)
+        self._vf, self._df = verify, draft
+
+    def v(self, T):
+        return (self.step or 1.0) * (1.0 if T <= 1 else self._vf)
+
+    def draft(self, skip):
+        return (self.step or 1.0) * self._df
+
+
+def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
+    ref = ar(eng, n=64)
+    eng.costs = _Costs(eng.model, verify=50.0, draft=5.0)
+    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False)
+    assert out.token_ids == ref
+    assert out.stats.plain_steps >= 0.8 * 64, (out.stats.plain_steps, out.stats.rounds)
+    assert out.stats.drafted_tokens <= 12     # a few probes, spaced further apart each time they fail
+    assert "plain" in out.stats.phases
+
+
+def test_gate_drafts_when_drafting_is_free(eng):
+    ref = ar(eng, n=64)
+    eng.costs = _Costs(eng.model, verify=1.0, draft=0.01)
+    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False)
+    assert out.token_ids == ref
+    # every round drafts (the first one is the plain step that measures a step) and, verification being free,
+    # keeps more than the chain: siblings cost nothing
+    assert out.stats.plain_steps <= 2 and out.stats.drafted_tokens >= out.stats.rounds - 1
+    assert min(out.stats.tree_sizes) > 2
+
+
+def test_coupled_sampling_is_reproducible_across_methods_and_states(eng):
+    kw = dict(max_new_tokens=48, temperature=0.9, top_p=0.95, seed=123)
+    a = eng.generate(PROMPT, method="autoregressive", **kw).token_ids
+    assert eng.generate(PROMPT, **kw).token_ids == a                     # fresh state
+    eng.generate("w9 w8 w7 w6 w5", max_new_tokens=64)                     # the state learns something
+    assert eng.generate(PROMPT, **kw).token_ids == a                     # warmed state
+    assert eng.generate(PROMPT, method="ngram", **kw).token_ids == a
+    assert eng.generate(PROMPT, method="early_exit", exit_layer=2, **kw).token_ids == a
+    assert eng.generate(PROMPT, method="autoregressive", **{**kw, "seed": 124}).token_ids != a
+
+
+def test_two_threads_on_one_engine_serialize(eng):
+    prompts = ["w3 w4 w5", "w10 w11 w12 w13", "w20 w21", "w7 w7 w7 w8"]
+    want = {p: ar(eng, p, 32) for p in prompts}
+    got, errors = {}, []
+
+    def work(p):
+        try:
+            for _ in range(2):
+                got.setdefault(p, []).append(eng.generate(p, max_new_tokens=32).token_ids)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    ths = [threading.Thread(target=work, args=(p,)) for p in prompts]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(timeout=300)
+    assert not errors and all(not t.is_alive() for t in ths)
+    assert all(outs == [want[p]] * 2 for p, outs in got.items())
+
+
+def test_abandoned_stream_cancels_and_leaves_the_engine_usable(eng):
+    it = eng.stream(PROMPT, max_new_tokens=200)
+    next(it)
+    it.close()  # the consumer walks away
+    assert eng._lock.acquire(timeout=60)  # the worker finished (cancelled), the engine is free
+    eng._lock.release()
+    assert eng.generate(PROMPT, max_new_tokens=16).token_ids == ar(eng, n=16)
+
+
+def test_persisted_state_round_trip_corrupt_and_foreign(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    e1 = swiftk.load(str(tiny_dir), persist=True)
+    e1.generate(PROMPT, max_new_tokens=32)
+    path = e1.state_path()
+    assert path.is_file() and path.parent == tmp_path / "state"
+    e1.state.skip_set = e1.skip_set_from_layers(attention=[2], mlp=[3])
+    e1.generate(PROMPT, max_new_tokens=8, optimize=False)
+    e2 = swiftk.load(str(tiny_dir), persist=True)
+    assert torch.equal(e2.skip_set, e1.skip_set) and e2.state.tokens_seen == e1.state.tokens_seen
+    assert e2.costs.step == pytest.approx(e1.costs.step)
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring the saved decoding state"):
+        e3 = swiftk.load(str(tiny_dir), persist=True)
+    assert e3.state.tokens_seen == 0
+    data = json.loads(json.dumps(e1.state.to_dict({"name": "other-model"})))
+    path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="another model"):
+        swiftk.load(str(tiny_dir), persist=True)
+    # concurrent writers: every reader sees a whole file
+    engines = [swiftk.load(str(tiny_dir), persist=True) for _ in range(2)]
+    stop = threading.Event()
+    bad = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                json.loads(path.read_text())
+            except FileNotFoundError:
+                pass
+            except ValueError as e:
+                bad.append(e)
+
+    r = threading.Thread(target=reader)
+    r.start()
+    ws = [threading.Thread(target=lambda e=e: [e._save_persisted() for _ in range(30)]) for e in engines]
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    stop.set()
+    r.join()
+    assert not bad
+    assert swiftk.load(str(tiny_dir), persist=True).state.tokens_seen >= 0
+    assert not list((tmp_path / "state").glob("*.tmp"))
