@@ -260,7 +260,9 @@ class Engine:
             if method == "autoregressive":
                 stats = autoregressive(self.model, self.cache, ids, sampler, sink)
             else:
-                head = self._head_for(cfg.draft_vocab, ids) if method != "ngram" else None
+                head = None
+                if method != "ngram" and self._head_size(cfg.draft_vocab):
+                    head = lambda: self._head_for(cfg.draft_vocab)  # noqa: E731 - built at the first draft step
                 stats = swift_decode(self.model, self.cache, state, self.costs, ids, sampler, sink, cfg,
                                      skip=None if fixed is None else fixed.to(self.device), head=head,
                                      layer_draft=method != "ngram")
@@ -276,13 +278,16 @@ class Engine:
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
                                 finish_reason=sink.finish_reason, stats=stats)
 
-    def _head_for(self, size: int, prompt_ids: list):
-        """The reduced-vocabulary draft head for this call: the ``size`` most frequent tokens plus the prompt's
-        (the loop adds every generated token); None when it would not be smaller than the full head."""
-        V = self.config.vocab_size
-        if size == 0 or size >= V // 2:
+    def _head_size(self, size: int) -> int:
+        """The draft vocabulary size in use: 0 (the full head) when a subset would not be much smaller."""
+        size = size if 0 < size < self.config.vocab_size // 2 else 0
+        if not size:
             self.costs.draft_head_bytes = None
-            return None
+        return size
+
+    def _head_for(self, size: int):
+        """The reduced-vocabulary draft head for one call: the ``size`` most frequent tokens (the loop adds every
+        token of the context). Built once per engine, lazily: a call that never drafts never pays for it."""
         if self._draft_head is None or self._draft_head[0] != size:  # (size, base count, head)
             from .registry import swiftk_home
             from .vocab import DraftHead, frequent_token_ids
@@ -293,7 +298,6 @@ class Engine:
                                 DraftHead(self.model.lm_head, base.to(self.device), len(base) + self.max_context + 64))
         _, n_base, head = self._draft_head
         head.truncate(n_base)
-        head.add(prompt_ids)
         self.costs.draft_head_bytes = head.weight_bytes
         return head
 

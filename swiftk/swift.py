@@ -78,8 +78,9 @@ def optimization_step(model, cache, state: SkipSetState, costs: CostModel, windo
 def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids: list, sampler: Sampler, sink,
                  cfg, *, skip=None, head=None, layer_draft: bool = True) -> DecodeStats:
     """Decode with the speculative loop. ``skip`` fixes the draft's skip set (early exit, static sets: no
-    optimization); ``layer_draft=False`` drafts from context n-grams only (method "ngram"). ``state`` is read and
-    updated (skip-set search, acceptance statistics); nothing else outside the arguments is touched."""
+    optimization); ``layer_draft=False`` drafts from context n-grams only (method "ngram"); ``head``: a factory
+    of the reduced-vocabulary draft head (vocab.DraftHead), called at the first draft, or None for the full LM
+    head. ``state`` is read and updated (skip-set search, acceptance statistics); nothing else outside the arguments is touched."""
     dev = model.device
     st, timer, gate = DecodeStats(), Timer(), Gate(costs, state.stats, cfg)
     opt = state.optimizer if (cfg.optimize and skip is None and layer_draft) else None
@@ -92,6 +93,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     boundary_of = (None, None)  # (skip set, its KVQ boundary layer) when cfg.kvq
     P = len(prompt_ids)
     st.accepted_by_source = {"draft": 0, "ngram": 0}
+    make_head, head = head, None
 
     t_start = t = time.perf_counter()
     pending = prefill(model, cache, prompt_ids, sampler)
@@ -107,8 +109,11 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             phase = "context"
             elapsed = state.time_decode_s + (t - t_start)
             if n - P + 1 >= W + 1 and state.time_optimize_s + (costs.opt or costs.v(W)) \
-                    <= state.cfg.opt_budget * elapsed:
+                    <= _budget(state) * elapsed:
                 phase = "optimize"
+                if head is None and make_head is not None:
+                    head = make_head()
+                    head.add(committed)
                 m, src, passes = optimization_step(model, cache, state, costs, committed[-W:], pending, head)
                 st.matchness_history.append((state.tokens_seen + len(sink.ids), m, src))
                 now = time.perf_counter()
@@ -123,6 +128,9 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         levels = []
         measured = costs.step is not None   # the first round of an engine is a plain step: it measures one
         if measured and layer_draft and gate.should_draft():
+            if head is None and make_head is not None:
+                head = make_head()
+                head.add(committed)
             levels = draft(model, cache, pending, draft_skip, sampler, gate, max_draft=cfg.max_draft,
                            max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1],
                            head=None if head is None else head.logits_full,
@@ -215,6 +223,14 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         st.bo_errors = list(o.bo_errors)
     st.costs = costs.to_dict()
     return st.finish()
+
+
+def _budget(state: SkipSetState) -> float:
+    """Optimization's share of wall time. The search is an investment: once it has looked at a few candidates and
+    none is expected to beat plain decoding, a fifth of the budget keeps looking (the text may change)."""
+    o, b = state.optimizer, state.cfg.opt_budget
+    promising = o.steps < 10 or state.cfg.objective != "speed" or o.best_score >= 1.0
+    return b if promising else b / 5
 
 
 def _learn(state: SkipSetState, tree, path: list, ng_n: int, st: DecodeStats) -> None:
