@@ -50,7 +50,11 @@ class CostModel:
         if T == 1:
             return self.observe_step(dt)
         b = min(BUCKETS, key=lambda x: abs(x - T))
-        self.verify[b] = _ema(self.verify.get(b), dt * self._prior_v(b) / self._prior_v(T))
+        dt = dt * self._prior_v(b) / self._prior_v(T)
+        old = self.verify.get(b)
+        if old is None:  # a first observation is clipped too (to 3x the estimate so far): one hiccup must not stick
+            dt = min(dt, 3.0 * self.v(b))
+        self.verify[b] = _ema(old, dt)
 
     def observe_draft(self, skip: torch.Tensor, dt: float) -> None:
         if self.step is None:

@@ -87,16 +87,43 @@ class Layer:
     w_down: torch.Tensor
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [T, K] times w [N, K] transposed -> [T, N].
+# CPU only: for each row count 2..8, whether (w @ x.T).T beats x @ w.T. MKL's x @ w.T at a few rows is 1.6-3x
+# slower than its one-row GEMV on some CPUs (AMD EPYC: a 4-token verify pass cost 1.8-2.5 decode steps) and the
+# faster form on others (Intel Xeon: 2 rows 1.09 vs 1.94 steps), so Model measures it once per process
+# (choose_cpu_linear_forms; ``python -m bench.linear`` times both over a whole forward).
+_TRANSPOSED: dict = {}
 
-    On CPU, for T >= 2, MKL's x @ w.T runs 1.6-3x slower than a single-row GEMV, so a verify pass would
-    cost several decode steps; the same product written as (w @ x.T).T streams the weight once and costs about
-    one decode step (``python -m bench.linear`` times both forms over a whole forward). T = 1 keeps the GEMV form.
-    """
-    if x.device.type == "cpu" and x.shape[0] > 1:
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, K] times w [N, K] transposed -> [T, N], in the form measured fastest for T rows on this CPU."""
+    T = x.shape[0]
+    if T > 1 and x.device.type == "cpu" and _TRANSPOSED.get(min(T, 8), True):
         return (w @ x.T).T
     return x @ w.T
+
+
+def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
+    """Time both product forms on ``w`` (a large weight of the model) for 2, 3, 4, 6 and 8 rows; remember the
+    faster per row count (counts in between use the next measured one)."""
+    import time
+
+    def best(f):
+        t = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f()
+            t = min(t, time.perf_counter() - t0)
+        return t
+
+    out = {}
+    for T in (2, 3, 4, 6, 8):
+        x = torch.randn(T, w.shape[1], dtype=w.dtype)
+        (w @ x.T).T, x @ w.T  # warm-up
+        out[T] = best(lambda: (w @ x.T).T) < best(lambda: x @ w.T)
+    for T in (5, 7):
+        out[T] = out[T + 1]
+    _TRANSPOSED.update(out)
+    return out
 
 
 class Model:
@@ -141,6 +168,9 @@ class Model:
         self.scale = hd ** -0.5
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
+        if self.device.type == "cpu" and not _TRANSPOSED:
+            with torch.inference_mode():
+                choose_cpu_linear_forms(self.layers[0].w_gate_up)
 
     def new_cache(self, max_slots: int) -> KVCache:
         return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from swiftk import loaders
+from swiftk import gguf_file, loaders
 from swiftk.errors import SwiftkError
 from swiftk.loaders import load_checkpoint
 
@@ -214,9 +214,9 @@ def test_dequantize_matches_gguf_reference(qt, monkeypatch):
         for a, b in F16_FIELDS[qt]:
             raw[:, a:b] = rng.uniform(-1, 1, size=(raw.shape[0], (b - a) // 2)).astype(np.float16).view(np.uint8)
         raw = raw.reshape(rows, cols // block * tsize)
-    monkeypatch.setattr(loaders, "_CHUNK_ELEMS", cols * 2)  # 2 rows per chunk -> 4 chunks
-    t = loaders.GGUFTensor("x", qt, (cols, rows), raw.nbytes, raw)
-    got = loaders._dequantize(t, torch.float32).numpy()
+    monkeypatch.setattr(gguf_file, "_CHUNK_ELEMS", cols * 2)  # 2 rows per chunk -> 4 chunks
+    t = gguf_file.GGUFTensor("x", qt, (cols, rows), raw.nbytes, raw)
+    got = gguf_file._dequantize(t, torch.float32).numpy()
     ref = gguf.quants.dequantize(raw.view(np.float16) if qt == Q.F16 else raw, qt)
     ref = np.asarray(ref, dtype=np.float32).reshape(rows, cols)
     assert np.isfinite(ref).all() and np.abs(ref).max() > 0
