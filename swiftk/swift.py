@@ -199,7 +199,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             expect = (1.0 + sum(tree.value[1:])) / (t_draft + costs.v(N))
             st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t - t0, 1e-9), 3)))
         st.accept_lengths.append(L)
-        st.drafted_tokens += len(levels)
+        st.drafted_tokens += len(levels) + tree.source.count(NGRAM)  # spine depth + n-gram nodes verified
         st.accepted_tokens += L - 1
         st.tree_sizes.append(N)
         st.phases.append(phase)
