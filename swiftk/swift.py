@@ -80,7 +80,8 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     """Decode with the speculative loop. ``skip`` fixes the draft's skip set (early exit, static sets: no
     optimization); ``layer_draft=False`` drafts from context n-grams only (method "ngram"); ``head``: a factory
     of the reduced-vocabulary draft head (vocab.DraftHead), called at the first draft, or None for the full LM
-    head. ``state`` is read and updated (skip-set search, acceptance statistics); nothing else outside the arguments is touched."""
+    head. ``state`` is read and updated (skip-set search, acceptance statistics); nothing else outside the
+    arguments is touched."""
     dev = model.device
     st, timer, gate = DecodeStats(), Timer(), Gate(costs, state.stats, cfg)
     opt = state.optimizer if (cfg.optimize and skip is None and layer_draft) else None
