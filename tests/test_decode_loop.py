@@ -38,7 +38,7 @@ ALWAYS = {"speculate": "always", "eps": 0.0}
 
 def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     ref = ar(eng)
-    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, **ALWAYS)
+    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.drafted_tokens <= out.stats.rounds  # max_draft
     out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS)
     assert out.token_ids == ref and max(out.stats.tree_sizes) <= 3                 # max_tree_nodes
