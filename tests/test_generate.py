@@ -100,7 +100,7 @@ def test_eos_stops_generation(eng):
     (dict(eps=2.0), "eps"),
     (dict(context_window=0), "context_window"),
     (dict(max_draft=0), "max_draft"),
-    (dict(bogus=1), "unknown SWIFT option"),
+    (dict(bogus=1), "unknown option"),
 ])
 def test_bad_generate_input(eng, kw, msg):
     kw = dict(kw)
