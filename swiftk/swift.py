@@ -216,7 +216,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     st.time_draft_s = timer.totals.get("draft", 0.0)
     st.time_verify_s = timer.totals.get("verify", 0.0)
     st.time_other_s = timer.totals.get("other", 0.0)
-    st.skip_set = to_layers(draft_skip.cpu()) if layer_draft else None
+    st.skip_set = to_layers((state.skip_set if skip is None else skip).cpu()) if layer_draft else None
     if skip is None and layer_draft:
         o = state.optimizer
         st.best_matchness, st.optimization_done, st.optimization_steps = o.best_matchness, o.done, o.steps

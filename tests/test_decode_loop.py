@@ -227,3 +227,11 @@ def test_persisted_state_round_trip_corrupt_and_foreign(tiny_dir, tmp_path, monk
     assert not bad
     assert swiftk.load(str(tiny_dir), persist=True).state.tokens_seen >= 0
     assert not list((tmp_path / "state").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("method,kw", [("swift", {}), ("ngram", {}), ("early_exit", {"exit_layer": 2}),
+                                       ("static", {"skip_set": {"attention": [2], "mlp": []}})])
+def test_one_token_calls_never_enter_the_loop(eng, method, kw):
+    """max_new_tokens=1 stops after the prefill: the round loop never runs and the stats must still be whole."""
+    out = eng.generate(PROMPT, max_new_tokens=1, method=method, **kw)
+    assert out.token_ids == ar(eng, n=1) and out.stats.rounds == 0 and out.finish_reason == "length"
