@@ -112,9 +112,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             if n - P + 1 >= W + 1 and state.time_optimize_s + (costs.opt or costs.v(W)) \
                     <= _budget(state) * elapsed:
                 phase = "optimize"
-                if head is None and make_head is not None:
-                    head = make_head()
-                    head.add(committed)
+                head = head if head is not None else _build_head(make_head, committed)
                 m, src, passes = optimization_step(model, cache, state, costs, committed[-W:], pending, head)
                 st.matchness_history.append((state.tokens_seen + len(sink.ids), m, src))
                 now = time.perf_counter()
@@ -129,9 +127,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         levels = []
         measured = costs.step is not None   # the first round of an engine is a plain step: it measures one
         if measured and layer_draft and gate.should_draft():
-            if head is None and make_head is not None:
-                head = make_head()
-                head.add(committed)
+            head = head if head is not None else _build_head(make_head, committed)
             levels = draft(model, cache, pending, draft_skip, sampler, gate, max_draft=cfg.max_draft,
                            max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1],
                            head=None if head is None else head.logits_full,
@@ -224,6 +220,15 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         st.bo_errors = list(o.bo_errors)
     st.costs = costs.to_dict()
     return st.finish()
+
+
+def _build_head(make_head, committed: list):
+    """The reduced-vocabulary draft head, built at first use and seeded with the whole context so far."""
+    if make_head is None:
+        return None
+    head = make_head()
+    head.add(committed)
+    return head
 
 
 def _budget(state: SkipSetState) -> float:

@@ -47,7 +47,8 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, max_draft=4,
                           topk_greedy=((0.0, 1),), **ALWAYS)
     assert all(t <= 5 for t in chains.stats.tree_sizes)                            # topk_greedy: chains only
-    assert eng.generate(PROMPT, max_new_tokens=40, ngram=False, method="ngram").stats.rounds >= 0
+    ng = eng.generate(PROMPT, max_new_tokens=40, method="ngram", speculate="always")
+    assert ng.token_ids == ref and ng.stats.skip_set is None                        # method="ngram": no layer draft
     out = eng.generate(PROMPT, max_new_tokens=40, ngram=False, optimize=False, **ALWAYS)
     assert out.stats.accepted_by_source["ngram"] == 0                               # ngram=False
     steps = eng.optimizer.steps
