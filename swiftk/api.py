@@ -13,10 +13,12 @@ _lock = threading.Lock()
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         **options) -> Engine:
+         weights=None, **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
-    ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine."""
+    ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
+    (all in ``dtype``), "bfloat16" or "int8" (CPU weight formats read by swiftk's matmul kernel, float32
+    activations; a rounded target model, see swiftk.model.Model)."""
     from .loaders import load_checkpoint
 
     dev = resolve_device(device)       # validate before any download or load
@@ -25,19 +27,19 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     ckpt = load_checkpoint(path, dtype=dt)
     if model in _registry_names():
         ckpt.identity["name"] = model
-    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, **options)
+    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights, **options)
 
 
-def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", **kw):
-    """``load(model, device, dtype)`` once per process, then ``Engine.generate(prompt, **kw)``.
+def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None, **kw):
+    """``load(model, device, dtype, weights=weights)`` once per process, then ``Engine.generate(prompt, **kw)``.
 
     The engine (and its learned skip set) is kept, so a stream of calls keeps improving the draft.
     """
-    key = (str(model), str(device), str(dtype))
+    key = (str(model), str(device), str(dtype), weights)
     with _lock:
         eng = _engines.get(key)
         if eng is None:
-            eng = _engines[key] = load(model, device=device, dtype=dtype)
+            eng = _engines[key] = load(model, device=device, dtype=dtype, weights=weights)
     return eng.generate(prompt, **kw)
 
 

@@ -15,6 +15,8 @@ def _common(p):
     p.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--weights", default=None, choices=["bfloat16", "int8"],
+                   help="CPU weight format read by swiftk's matmul kernel (float32 activations; a rounded model)")
 
 
 def main(argv=None) -> int:
@@ -102,7 +104,7 @@ def _generate(a) -> int:
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, **opt_kw)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -132,7 +134,7 @@ def _optimize(a) -> int:
     from .selfsd import OfflineSearch, read_prompts
 
     prompts = read_prompts(a.prompts)
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
     state = a.state or (a.out + ".state.json")
     search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
                            chat=a.chat, state_path=state, seed=a.seed)
@@ -158,7 +160,7 @@ def _info(a) -> int:
     from .registry import model_info, swiftk_home
 
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
     info.update(eng.info())
     print(json.dumps(info, indent=1, default=str))
     return 0

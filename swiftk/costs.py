@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from .model import nbytes
+
 _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -29,9 +31,9 @@ def _ema(old: Optional[float], new: float) -> float:
 class CostModel:
     def __init__(self, model):
         c, L0 = model.cfg, model.layers[0]
-        self.attn_bytes = sum(t.numel() for t in (L0.wqkv, L0.wo)) * model.dtype.itemsize
-        self.mlp_bytes = sum(t.numel() for t in (L0.w_gate_up, L0.w_down)) * model.dtype.itemsize
-        self.head_bytes = model.lm_head.numel() * model.dtype.itemsize
+        self.attn_bytes = sum(nbytes(t) for t in (L0.wqkv, L0.wo))
+        self.mlp_bytes = sum(nbytes(t) for t in (L0.w_gate_up, L0.w_down))
+        self.head_bytes = nbytes(model.lm_head)
         self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
         gpu = model.device.type == "cuda"
         self.slope = 0.002 if gpu else 0.03   # prior: extra verify cost per token, in steps

@@ -44,8 +44,9 @@ def split_options(kw: dict) -> tuple:
 
 class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
-                 persist: Optional[bool] = None, **options):
+                 persist: Optional[bool] = None, weights: Optional[str] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
+        ``weights``: None, "bfloat16" or "int8": a compressed CPU weight format (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm."""
         self.device = resolve_device(device)
@@ -63,7 +64,7 @@ class Engine:
             raise SwiftkError(f"max_context must be an int >= 2, got {max_context!r}")
         if max_context > ctx:
             raise SwiftkError(f"max_context {max_context} exceeds the model's context length {ctx}")
-        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype)
+        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights)
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
         self.max_context = max_context
         self.cache = self.model.new_cache(max_context + _SCRATCH)
@@ -133,7 +134,7 @@ class Engine:
         fp = hashlib.sha256(repr(sorted(self.identity.items())).encode()).hexdigest()[:12]
         name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(self.identity.get("name") or "model"))
         kind = "cpu" if self.device.type == "cpu" else torch.cuda.get_device_name(self.device).replace(" ", "_")
-        dt = str(self.dtype).replace("torch.", "")
+        dt = str(self.dtype).replace("torch.", "") + (f"-w{self.model.weights}" if self.model.weights else "")
         return swiftk_home() / "state" / f"{name}-{fp}-{kind}-{dt}.json"
 
     def _load_persisted(self, cfg) -> None:
@@ -366,15 +367,18 @@ class Engine:
                                       torch.arange(T, device=dev), self.cache)
 
     def info(self) -> dict:
-        from .ops import describe
+        from .ops import cpu_linear, describe
 
         c = self.config
         o = self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),
-                "dtype": str(self.dtype).replace("torch.", ""), "parameters": self.model.n_params(),
+                "dtype": str(self.dtype).replace("torch.", ""), "weights": self.model.weights,
+                "parameters": self.model.n_params(),
                 "weight_bytes": self.model.weight_bytes(), "max_context": self.max_context,
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
-                "backends": describe(self.device), "costs": self.costs.to_dict(),
+                "backends": describe(self.device),
+                "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
+                "costs": self.costs.to_dict(),
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},
                 "state": {"skip_set": skipset.to_layers(self.skip_set), "tokens_seen": self.state.tokens_seen,

@@ -24,7 +24,7 @@ import torch
 
 from .config import ModelConfig, rope_inv_freq
 from .errors import SwiftkError
-from .ops import get_ops
+from .ops import cpu_linear, get_ops
 from .tree import TreeMask
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -76,6 +76,51 @@ class KVCache:
         self.length = n + L
 
 
+@dataclass(frozen=True)
+class QWeight:
+    """A weight-only int8 matrix: w ~= q * scale[:, None] (symmetric, one float32 scale per output row).
+
+    Rows can be gathered (``w[ids]``) like a tensor's; :func:`linear` runs it on the CPU kernel."""
+    q: torch.Tensor       # [N, K] int8
+    scale: torch.Tensor   # [N] float32
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> "QWeight":
+        wf = w.float()
+        scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return QWeight(q.contiguous(), scale.contiguous())
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.scale[:, None]
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+    @property
+    def device(self):
+        return self.q.device
+
+    def __getitem__(self, idx) -> "QWeight":
+        return QWeight(self.q[idx], self.scale[idx])
+
+    def numel(self) -> int:
+        return self.q.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + 4 * self.scale.numel()
+
+
+def nbytes(t) -> int:
+    """Bytes a read of the whole weight costs (a QWeight counts its scales)."""
+    return t.nbytes if isinstance(t, QWeight) else t.numel() * t.element_size()
+
+
+WEIGHT_FORMATS = ("bfloat16", "int8")
+
+
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
@@ -87,23 +132,35 @@ class Layer:
     w_down: torch.Tensor
 
 
-# CPU only: for each row count 2..8, whether (w @ x.T).T beats x @ w.T. MKL's x @ w.T at a few rows is 1.6-3x
-# slower than its one-row GEMV on some CPUs (AMD EPYC: a 4-token verify pass cost 1.8-2.5 decode steps) and the
-# faster form on others (Intel Xeon: 2 rows 1.09 vs 1.94 steps), so Model measures it once per process
-# (choose_cpu_linear_forms; ``python -m bench.linear`` times both over a whole forward).
+# CPU linears run on swiftk's own kernel (kernels/cpu_linear.cpp, built at first use; see swiftk/ops/cpu_linear.py):
+# it reads each weight once for all T rows and is batch invariant. Without it (no compiler, SWIFTK_CPU_KERNELS=0)
+# torch's matmul serves, in the product form measured faster for T rows on this CPU: MKL's x @ w.T at a few rows
+# is 1.6-3x slower than its one-row GEMV on some CPUs and the faster form on others (choose_cpu_linear_forms).
 _TRANSPOSED: dict = {}
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [T, K] times w [N, K] transposed -> [T, N], in the form measured fastest for T rows on this CPU."""
+    """x [T, K] times w [N, K] transposed -> [T, N] in x's dtype (w may be a QWeight, or bfloat16 under float32
+    activations: the weight formats of ``Model(weights=...)``)."""
+    if x.device.type != "cpu":
+        return x @ w.T
+    kernel = cpu_linear.active()
+    if isinstance(w, QWeight):
+        if kernel:
+            return cpu_linear.fast(x, w.q, w.scale)
+        return (x.float() @ w.q.float().T * w.scale).to(x.dtype)   # correct but slow: dequantizes every call
+    if kernel:
+        return cpu_linear.fast(x, w)
+    if w.dtype != x.dtype:
+        return x @ w.to(x.dtype).T
     T = x.shape[0]
-    if T > 1 and x.device.type == "cpu" and _TRANSPOSED.get(min(T, 8), True):
+    if T > 1 and _TRANSPOSED.get(min(T, 8), True):
         return (w @ x.T).T
     return x @ w.T
 
 
 def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
-    """Time both product forms on ``w`` (a large weight of the model) for 2, 3, 4, 6 and 8 rows; remember the
+    """Time both torch product forms on ``w`` (a large weight of the model) for 2, 3, 4, 6 and 8 rows; remember the
     faster per row count (counts in between use the next measured one)."""
     import time
 
@@ -127,10 +184,27 @@ def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
 
 
 class Model:
-    def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32,
+                 weights: Optional[str] = None):
+        """``weights``: None (every weight in ``dtype``), or a compressed format for the matrices (projections and
+        LM head) with float32 activations, CPU only: "bfloat16" (half the bytes) or "int8" (per-row symmetric,
+        a quarter). Either is a different target model than the float32 weights (rounded), and speculative
+        decoding is lossless with respect to whichever runs."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
+        if weights is not None:
+            if weights not in WEIGHT_FORMATS:
+                raise SwiftkError(f"weights={weights!r}: use one of {', '.join(WEIGHT_FORMATS)} (or None)")
+            if self.device.type != "cpu" or dtype != torch.float32:
+                raise SwiftkError(f"weights={weights!r} is a CPU format with float32 activations; got device "
+                                  f"{self.device}, dtype {dtype}")
+        self.weights = weights
+
+        def matrix(t):
+            if weights == "int8":
+                return QWeight.quantize(t)
+            return t.to(torch.bfloat16).contiguous() if weights == "bfloat16" else t
 
         def get(name, shape):
             t = tensors.get(name)
@@ -138,13 +212,13 @@ class Model:
                 raise SwiftkError(f"checkpoint is missing tensor {name!r}")
             if tuple(t.shape) != tuple(shape):
                 raise SwiftkError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-            return t.to(device=self.device, dtype=dtype)
+            return t.to(device=self.device, dtype=dtype).contiguous()
 
         c = cfg
         D, hd, H, KV, I = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size
         self.embed = get("model.embed_tokens.weight", (c.vocab_size, D))
         self.norm = get("model.norm.weight", (D,))
-        self.lm_head = self.embed if c.tie_embeddings else get("lm_head.weight", (c.vocab_size, D))
+        self.lm_head = matrix(self.embed if c.tie_embeddings else get("lm_head.weight", (c.vocab_size, D)))
         self.layers = []
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
@@ -156,35 +230,46 @@ class Model:
                 bqkv = torch.cat([get(p + f"self_attn.{n}_proj.bias", (m * hd,)) for n, m in (("q", H), ("k", KV), ("v", KV))])
             self.layers.append(Layer(
                 attn_norm=get(p + "input_layernorm.weight", (D,)),
-                wqkv=torch.cat([q, k, v]),
+                wqkv=matrix(torch.cat([q, k, v])),
                 bqkv=bqkv,
-                wo=get(p + "self_attn.o_proj.weight", (D, H * hd)),
+                wo=matrix(get(p + "self_attn.o_proj.weight", (D, H * hd))),
                 mlp_norm=get(p + "post_attention_layernorm.weight", (D,)),
-                w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight", (I, D)), get(p + "mlp.up_proj.weight", (I, D))]),
-                w_down=get(p + "mlp.down_proj.weight", (D, I)),
+                w_gate_up=matrix(torch.cat([get(p + "mlp.gate_proj.weight", (I, D)),
+                                            get(p + "mlp.up_proj.weight", (I, D))])),
+                w_down=matrix(get(p + "mlp.down_proj.weight", (D, I))),
             ))
         # float32 angles like HF; inv_freq itself is computed in float64 then rounded.
         self.inv_freq = rope_inv_freq(cfg, device=self.device).float()
         self.scale = hd ** -0.5
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
-        if self.device.type == "cpu" and not _TRANSPOSED:
+        if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
+        if weights is not None and not cpu_linear.active():
+            import warnings
+
+            warnings.warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
+                          "matmuls through torch after converting the weights every call: slow", RuntimeWarning,
+                          stacklevel=2)
 
     def new_cache(self, max_slots: int) -> KVCache:
         return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)
 
+    def _layer_tensors(self):
+        for L in self.layers:
+            yield from (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down)
+            if L.bqkv is not None:
+                yield L.bqkv
+
     def n_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + (0 if self.cfg.tie_embeddings else self.lm_head.numel())
-        for L in self.layers:
-            n += sum(t.numel() for t in (L.attn_norm, L.wqkv, L.wo, L.mlp_norm, L.w_gate_up, L.w_down))
-            n += 0 if L.bqkv is None else L.bqkv.numel()
-        return n
+        return n + sum(t.numel() for t in self._layer_tensors())
 
     def weight_bytes(self) -> int:
-        """Bytes read per decode step (every weight once); the roofline denominator."""
-        return self.n_params() * self.embed.element_size()
+        """Bytes read per decode step (every layer weight, the final norm and the LM head once; the embedding
+        only by row); the roofline denominator."""
+        return nbytes(self.lm_head) + nbytes(self.norm) + sum(nbytes(t) for t in self._layer_tensors())
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
@@ -219,6 +304,7 @@ class Model:
         if not 0 <= start <= stop <= n_layers:
             raise SwiftkError(f"bad partial pass: layers [{start}, {stop}) of {n_layers}")
         attend = self._attention(T, slots, cache, attn_mask)
+        rope = ops.rope_plan(positions, self.inv_freq)
         flags = self._skip_flags(skip)
         end = stop
         if stop == n_layers:
@@ -238,12 +324,11 @@ class Model:
                 qkv = linear(x, L.wqkv)
                 if L.bqkv is not None:
                     qkv = qkv + L.bqkv
-                q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
-                q = ops.apply_rope(q.view(T, H, hd), positions, self.inv_freq)
-                k = ops.apply_rope(k.view(T, KV, hd), positions, self.inv_freq)
+                qk = rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd))   # q and k heads rotated together
+                q, k = qk[:, :H], qk[:, H:]
                 kv = cache.data[li]
                 kv[0, :, slots] = k.transpose(0, 1)
-                kv[1, :, slots] = v.view(T, KV, hd).transpose(0, 1)
+                kv[1, :, slots] = qkv[:, (H + KV) * hd:].view(T, KV, hd).transpose(0, 1)
                 o = linear(attend(q, kv), L.wo)
                 x, h = ops.fused_add_rmsnorm(o.reshape(T, -1), h, L.mlp_norm, c.rms_eps)
             elif not flags[2 * li + 1]:

@@ -37,7 +37,7 @@ import torch
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
-from .model import linear
+from .model import QWeight, linear, nbytes
 from .registry import swiftk_home
 
 _CORPUS_FILE_BYTES = 32 * 1024  # per file: many modules, not a few huge ones
@@ -126,7 +126,9 @@ class DraftHead:
         self.vocab_size = V
         # Preallocated once: add() fills the next free slots, so the subset weight stays one contiguous
         # prefix [:n] and the draft matmul never sees a reallocated or fragmented tensor.
-        self._w = torch.empty((capacity, D), dtype=lm_head.dtype, device=lm_head.device)
+        quant = isinstance(lm_head, QWeight)
+        self._w = torch.empty((capacity, D), dtype=lm_head.q.dtype if quant else lm_head.dtype, device=lm_head.device)
+        self._s = torch.empty(capacity, dtype=torch.float32, device=lm_head.device) if quant else None
         self._ids = torch.empty(capacity, dtype=torch.long, device=lm_head.device)
         self._member = torch.zeros(V, dtype=torch.bool, device=lm_head.device)  # id -> in the subset
         self._n = 0
@@ -155,7 +157,11 @@ class DraftHead:
                 f"draft vocabulary is full: {self._n} ids + {m} new > capacity {self.capacity}; "
                 "create the DraftHead with a larger capacity"
             )
-        self._w[self._n : self._n + m] = self.lm_head[new]
+        rows = self.lm_head[new]
+        if self._s is not None:
+            self._w[self._n : self._n + m], self._s[self._n : self._n + m] = rows.q, rows.scale
+        else:
+            self._w[self._n : self._n + m] = rows
         self._ids[self._n : self._n + m] = new
         self._member[new] = True
         self._n += m
@@ -173,11 +179,12 @@ class DraftHead:
     @property
     def weight_bytes(self) -> int:
         """Bytes one draft step reads from this head."""
-        return self._n * self._w.shape[1] * self._w.element_size()
+        return self._n * (self._w.shape[1] * self._w.element_size() + (4 if self._s is not None else 0))
 
     def logits_subset(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> float32 [T, n]: the full head's logits at `ids`, in that order."""
-        return linear(x, self._w[: self._n]).float()
+        w = self._w[: self._n] if self._s is None else QWeight(self._w[: self._n], self._s[: self._n])
+        return linear(x, w).float()
 
     def logits_full(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> float32 [T, V], -inf outside the subset (the draft gives those tokens zero probability)."""
@@ -186,4 +193,4 @@ class DraftHead:
         return out
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self._w, self._ids, self._member))
+        return sum(nbytes(t) for t in (self._w, self._ids, self._member) + ((self._s,) if self._s is not None else ()))

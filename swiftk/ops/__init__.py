@@ -113,6 +113,7 @@ def get_ops(device) -> SimpleNamespace:
         used = [b for b in ("cuda", "triton", "torch") if b in chosen.values()]
         ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
         ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
+        ns.rope_plan = _rope_planner(ns, tables=chosen["apply_rope"] == "torch")
         _cache[key] = ns
     return _cache[key]
 
@@ -127,6 +128,19 @@ def _tree_attend_planner(ops, dense: bool):
     else:
         def plan(mask, T, scale):
             return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], mask.prefix_len, mask.bits, scale).reshape(T, -1)
+    return plan
+
+
+def _rope_planner(ops, tables: bool):
+    """rope_plan(positions, inv_freq) -> f(x [T, heads, hd]): the torch path computes the cos/sin tables once per
+    pass (not once per layer and per q/k); kernels compute them inline."""
+    if tables:
+        def plan(positions, inv_freq):
+            cos, sin = reference.rope_tables(positions, inv_freq)
+            return lambda x: reference.rope_with_tables(x, cos, sin)
+    else:
+        def plan(positions, inv_freq):
+            return lambda x: ops.apply_rope(x, positions, inv_freq)
     return plan
 
 

@@ -15,7 +15,12 @@ from swiftk.tree import pack_tree_mask, unpack_tree_mask  # noqa: F401  (the bit
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, D] -> x / rms(x) * weight, statistics in float32, result in x.dtype."""
+    """x [T, D] -> x / rms(x) * weight, statistics in float32, result in x.dtype.
+
+    float32: torch's fused rms_norm, one op (bit-identical to the formula below, which HF uses; see
+    tests/test_model.py); other dtypes: the formula, with the statistics in float32 like HF."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * y.to(x.dtype)
@@ -48,12 +53,22 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE (HF layout). x [T, H, hd], positions [T] int, inv_freq [hd/2]."""
+    return rope_with_tables(x, *rope_tables(positions, inv_freq))
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, 1, hd] float32 (each half repeated, HF's layout): computed once per forward pass, shared by
+    every layer's q and k."""
     cos, sin = rope_cos_sin(positions, inv_freq)
-    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
+
+
+def rope_with_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin (HF's formula; rotate_half(x) = [-x2, x1]) in float32, result in x.dtype."""
     xf = x.float()
     h = x.shape[-1] // 2
-    x1, x2 = xf[..., :h], xf[..., h:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
+    return (xf * cos + rot * sin).to(x.dtype)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -73,7 +88,20 @@ def attention(
 
     q [T, H, hd]; k_cache, v_cache [KV, S, hd] (the first S slots of the cache); mask [T, S] bool,
     True = may attend. Returns [T, H, hd]. Every query must see at least one slot.
+
+    float32: torch's scaled_dot_product_attention, one op (what HF's default "sdpa" attention calls; held to
+    :func:`attention_math` in tests/test_model.py); other dtypes: :func:`attention_math` (float32 math).
     """
+    if q.dtype == torch.float32 and k_cache.dtype == torch.float32:
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_cache[None], v_cache[None],
+                                             attn_mask=mask, scale=scale, enable_gqa=True)   # [1, H, T, hd]
+        return out[0].transpose(0, 1)
+    return attention_math(q, k_cache, v_cache, mask, scale)
+
+
+def attention_math(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """:func:`attention` written out: float32 scores, masked softmax, weighted values."""
     T, H, hd = q.shape
     KV = k_cache.shape[0]
     g = H // KV
@@ -103,6 +131,13 @@ def tree_attention(
     mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree], dim=1)
     S = prefix_len + T
     return attention(q, k_cache[:, :S], v_cache[:, :S], mask, scale)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T in float32 (times ``scale`` [N] per output row for int8 weights): the twin of
+    kernels/cpu_linear.cpp."""
+    y = x.float() @ w.float().T
+    return y if scale is None else y * scale
 
 
 def kv_commit(cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:

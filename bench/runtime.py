@@ -1,0 +1,202 @@
+"""The CPU runtime itself: pass costs and autoregressive speed per matmul path and weight format, against HF.
+
+    python -m bench.runtime --model smollm2-135m --prompts 4 --max-new-tokens 64
+
+Configurations (one process, measurements interleaved so machine noise hits them alike):
+- ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
+- ``kernel-fp32``: float32 weights, swiftk's CPU matmul kernel (the default)
+- ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
+
+Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
+share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
+next to the share of bytes that draft step reads. Part 2: greedy ``generate`` tok/s of each configuration and of
+HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF.
+Writes ``runtime_<model>_<device>_<date>.json`` and ``.md`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from swiftk.atomic import write_atomic
+from swiftk.errors import SwiftkError
+
+CONFIGS = ("torch-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8")
+WEIGHTS = {"torch-fp32": None, "kernel-fp32": None, "kernel-wbf16": "bfloat16", "kernel-wint8": "int8"}
+
+
+def read_bandwidth(mb: int = 512, reps: int = 5) -> float:
+    """GB/s of a streaming read (sum over a buffer far larger than the caches)."""
+    a = torch.ones(mb * 2**20 // 4)
+    a.sum()
+    best = min(_time(lambda: a.sum()) for _ in range(reps))
+    return a.numel() * 4 / best / 1e9
+
+
+def _time(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def draft_skip(model, share: float = 0.45) -> torch.Tensor:
+    """A fixed draft: every other eligible sublayer from the middle out until ``share`` of all are skipped."""
+    from swiftk import skipset
+
+    n = model.cfg.n_sublayers
+    elig = list(skipset.eligible(model.cfg.n_layers))
+    elig.sort(key=lambda i: abs(i - n / 2))
+    skip = torch.zeros(n, dtype=torch.bool)
+    for i in elig[::2] + elig[1::2]:
+        if skip.sum() >= round(share * n):
+            break
+        skip[i] = True
+    return skip
+
+
+def pass_costs(engines: dict, reps: int) -> dict:
+    from swiftk.model import nbytes
+    from swiftk.ops import cpu_linear
+
+    out = {c: {} for c in engines}
+    any_eng = next(iter(engines.values()))
+    skip = draft_skip(any_eng.model)
+    ctx = 128
+    for c, eng in engines.items():
+        m = eng.model
+        cache = eng.cache
+        cpu_linear.set_enabled(c != "torch-fp32")
+        m.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), torch.arange(ctx), cache)
+        cache.length = ctx
+        cpu_linear.set_enabled(True)
+    shapes = {"step": (1, None), "verify4": (4, None), "verify8": (8, None), "verify16": (16, None),
+              "draft": (1, skip)}
+    best = {(c, k): float("inf") for c in engines for k in shapes}
+    for r in range(reps):
+        for k, (T, sk) in shapes.items():
+            ids, pos = torch.full((T,), 5), torch.arange(ctx, ctx + T)
+            for c, eng in engines.items():
+                cpu_linear.set_enabled(c != "torch-fp32")
+                dt = _time(lambda: eng.model.forward(ids, pos, pos, eng.cache, skip=sk))
+                if r:  # the first rep warms up
+                    best[(c, k)] = min(best[(c, k)], dt)
+    cpu_linear.set_enabled(True)
+    for c, eng in engines.items():
+        m = eng.model
+        step = best[(c, "step")]
+        layer_bytes = [sum(nbytes(t) for t in (L.wqkv, L.wo)) for L in m.layers], \
+            [sum(nbytes(t) for t in (L.w_gate_up, L.w_down)) for L in m.layers]
+        skipped = sum(layer_bytes[i % 2][i // 2] for i in range(len(skip)) if skip[i])
+        out[c] = {"weight_mb": m.weight_bytes() / 1e6, "step_ms": step * 1e3,
+                  "weight_gb_s": m.weight_bytes() / step / 1e9,
+                  **{k: best[(c, k)] / step for k in shapes if k != "step"},
+                  "draft_bytes_share": 1 - skipped / m.weight_bytes(), "draft_skipped": int(skip.sum())}
+    return out
+
+
+def main(argv=None) -> int:
+    from bench.e2e import _hf_run, _swiftk_run, build_prompts, device_kind, first_diff, load_pair, set_threads
+
+    ap = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--workload", default="humaneval", choices=["humaneval", "mtbench"])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=12, help="repetitions of each pass timing (min is kept)")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args(argv)
+    configs = [c for c in a.configs.split(",") if c]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad or not configs or a.prompts < 1 or a.max_new_tokens < 1 or a.reps < 2:
+        ap.error(f"--configs from {', '.join(CONFIGS)}; --prompts/--max-new-tokens >= 1, --reps >= 2")
+    import swiftk
+    from swiftk.ops import cpu_linear
+
+    try:
+        threads = set_threads(a.threads)
+        if not cpu_linear.available() and any(c.startswith("kernel") for c in configs):
+            raise SwiftkError(f"CPU kernel unavailable: {cpu_linear.status()}")
+        base, hf, why = load_pair(a.model, "cpu", "float32", need_hf=not a.no_hf)
+        engines = {c: base if WEIGHTS[c] is None else swiftk.load(a.model, weights=WEIGHTS[c], persist=False)
+                   for c in configs}   # torch-fp32 and kernel-fp32 share one engine
+        from swiftk import model as model_mod
+
+        model_mod.choose_cpu_linear_forms(base.model.layers[0].w_gate_up)   # torch-fp32's product forms
+        items = build_prompts(base, [a.workload], a.prompts, a.prompts)[a.workload]
+    except SwiftkError as e:
+        print(f"bench.runtime: error: {e}", file=sys.stderr)
+        return 2
+
+    bw = read_bandwidth()
+    print(f"# {a.model} cpu threads={threads} {platform.processor() or platform.machine()}; read bandwidth "
+          f"{bw:.1f} GB/s; linear: {cpu_linear.status()}")
+    costs = pass_costs(engines, a.reps)
+    lines = [f"| config | weights MB | step ms | GB/s (roofline share) | verify 4 | verify 8 | verify 16 | "
+             f"draft ({costs[configs[0]]['draft_skipped']} skipped) | draft bytes share |", "|---" * 9 + "|"]
+    for c in configs:
+        r = costs[c]
+        lines.append(f"| {c} | {r['weight_mb']:.0f} | {r['step_ms']:.1f} | {r['weight_gb_s']:.1f} "
+                     f"({r['weight_gb_s'] / bw:.0%}) | {r['verify4']:.2f} | {r['verify8']:.2f} | "
+                     f"{r['verify16']:.2f} | {r['draft']:.2f} | {r['draft_bytes_share']:.2f} |")
+    print("\n".join(lines))
+
+    # Part 2: generate, interleaved per prompt (rotating order).
+    who = configs + ([] if hf is None else ["hf-fp32"])
+    tot = {w: [0, 0.0] for w in who}
+    same = {w: 0 for w in who}
+    for eng in engines.values():
+        _swiftk_run(eng, items[0]["ids"], 8)
+    if hf is not None:
+        _hf_run(hf, items[0]["ids"], 8, "greedy")
+    for i, it in enumerate(items):
+        order = who[i % len(who):] + who[:i % len(who)]
+        got = {}
+        for w in order:
+            if w == "hf-fp32":
+                got[w] = _hf_run(hf, it["ids"], a.max_new_tokens, "greedy")
+            else:
+                cpu_linear.set_enabled(w != "torch-fp32")
+                got[w] = _swiftk_run(engines[w], it["ids"], a.max_new_tokens)
+                cpu_linear.set_enabled(True)
+            tot[w][0] += got[w]["new_tokens"]
+            tot[w][1] += got[w]["wall_time_s"]
+        ref = got.get("hf-fp32")
+        for w in who:
+            if ref is not None and first_diff(got[w]["token_ids"], ref["token_ids"]) is None:
+                same[w] += 1
+    tps = {w: tot[w][0] / tot[w][1] for w in who}
+    gl = ["| config | tok/s | vs torch-fp32 | vs HF fp32 | prompts identical to HF |", "|---|---|---|---|---|"]
+    for w in who:
+        vs_t = f"{tps[w] / tps['torch-fp32']:.2f}x" if "torch-fp32" in tps else "-"
+        vs_h = f"{tps[w] / tps['hf-fp32']:.2f}x" if "hf-fp32" in tps else "-"
+        gl.append(f"| {w} | {tps[w]:.1f} | {vs_t} | {vs_h} | "
+                  f"{same[w] if hf is not None else '-'}/{len(items)} |")
+    print("\n".join(gl))
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base_name = Path(a.out) / f"runtime_{a.model}_{device_kind('cpu')}_{stamp}"
+    summary = {"model": a.model, "date": stamp, "threads": threads, "cpu": platform.processor(),
+               "read_bandwidth_gb_s": bw, "linear": cpu_linear.status(), "workload": a.workload,
+               "prompts": len(items), "max_new_tokens": a.max_new_tokens, "pass_costs": costs,
+               "generate_tok_s": tps, "identical_to_hf": same if hf is not None else None,
+               "command": "python -m bench.runtime " + " ".join(argv if argv is not None else sys.argv[1:])}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    write_atomic(str(base_name) + ".json", json.dumps(summary, indent=1))
+    write_atomic(str(base_name) + ".md", f"# bench.runtime {a.model} ({stamp}, {threads} threads, read bandwidth "
+                 f"{bw:.1f} GB/s)\n\n`{summary['command']}`\n\n" + "\n".join(lines) + "\n\n" + "\n".join(gl) + "\n")
+    print(f"wrote {base_name}.json/.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+// Skinny CPU matmul for decoding: y[M, N] = x[M, K] @ W[N, K]^T (* scale[N]) for the few rows of a decode step, a
+// draft step or a verify pass; W in float32, bfloat16 or int8 with a per-row scale; x and y float32.
+// Torch twin: swiftk/ops/reference.py `linear` (tests/test_cpu_linear.py holds them equal).
+//
+// Why our own: at a few rows the cost is reading W once, but MKL's sgemm at M = 4..16 runs at a fraction of the
+// bandwidth it reaches at M = 1 (an 8-token verify pass cost ~2 decode steps). Here each block of NR weight rows
+// is loaded once per MR activation rows held in registers, so M = 1..8 cost little more than M = 1.
+//
+// Batch invariance: y[m, n] is summed the same way (vector-lane partial sums over k, then a fixed lane reduction)
+// whatever M, the blocking or the thread count, so a token's logits in a verify pass equal its logits in a
+// one-token step bit for bit.
+//
+// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time (swiftk/ops/cpu_ops.py builds this file at first
+// use with the host's flags); threads: OpenMP, which in a torch process is torch's own libgomp.
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SWK_W 16
+typedef __m512 vec;
+static inline vec vzero() { return _mm512_setzero_ps(); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline vec ld_x(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec ld_x_tail(const float* p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+template <int WT> static inline vec ld_w(const void* p);
+template <> inline vec ld_w<0>(const void* p) { return _mm512_loadu_ps((const float*)p); }
+template <> inline vec ld_w<1>(const void* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+template <> inline vec ld_w<2>(const void* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+template <int WT> static inline vec ld_w_tail(const void* p, int n);
+template <> inline vec ld_w_tail<0>(const void* p, int n) {
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+}
+template <> inline vec ld_w_tail<1>(const void* p, int n) {
+  __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+template <> inline vec ld_w_tail<2>(const void* p, int n) {
+  __m128i b = _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SWK_W 8
+typedef __m256 vec;
+static inline vec vzero() { return _mm256_setzero_ps(); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vsum(vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline vec ld_x(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256i tail_mask(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vec ld_x_tail(const float* p, int n) { return _mm256_maskload_ps(p, tail_mask(n)); }
+template <int WT> static inline vec ld_w(const void* p);
+template <> inline vec ld_w<0>(const void* p) { return _mm256_loadu_ps((const float*)p); }
+template <> inline vec ld_w<1>(const void* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+template <> inline vec ld_w<2>(const void* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+template <int WT> static inline vec ld_w_tail(const void* p, int n) {
+  // rare (K % 8 != 0): widen through a zero-padded copy
+  constexpr int es = WT == 0 ? 4 : WT == 1 ? 2 : 1;
+  alignas(32) unsigned char buf[32] = {0};
+  for (int i = 0; i < n * es; i++) buf[i] = ((const unsigned char*)p)[i];
+  return ld_w<WT>(buf);
+}
+#else
+#error "swiftk cpu_linear needs AVX2+FMA or AVX-512 (F/BW/VL)"
+#endif
+
+namespace {
+
+constexpr int NR = 4;  // weight rows per block
+constexpr int MR = 4;  // activation rows per register tile
+// At 1-2 rows a 4-row block has too few independent FMA chains to hide the FMA latency (int8 weights, whose
+// conversion adds work per byte, ran at half the bandwidth): use 8-row blocks there. Each y[m, n] is still one
+// accumulator summed in the same k order, so batch invariance holds.
+constexpr int NR_SMALL_M = 8;
+
+template <int WT> constexpr int64_t esize() { return WT == 0 ? 4 : WT == 1 ? 2 : 1; }
+
+// Rows [n0, n0+R) of W against activation rows [m0, m0+M_): R*M_ accumulators in registers.
+template <int WT, int R, int M_>
+inline void tile(const float* x, int64_t K, const char* w, const float* scale, float* y, int64_t N, int64_t n0,
+                 int64_t m0) {
+  vec acc[R][M_];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+    for (int m = 0; m < M_; m++) acc[r][m] = vzero();
+  const char* wr = w + n0 * K * esize<WT>();
+  const float* xr = x + m0 * K;
+  const int64_t Kv = K - K % SWK_W;
+  for (int64_t k = 0; k < Kv; k += SWK_W) {
+    vec xv[M_];
+#pragma GCC unroll 4
+    for (int m = 0; m < M_; m++) xv[m] = ld_x(xr + m * K + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      vec wv = ld_w<WT>(wr + (r * K + k) * esize<WT>());
+#pragma GCC unroll 4
+      for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);
+    }
+  }
+  if (Kv < K) {
+    const int n = (int)(K - Kv);
+    vec xv[M_];
+    for (int m = 0; m < M_; m++) xv[m] = ld_x_tail(xr + m * K + Kv, n);
+    for (int r = 0; r < R; r++) {
+      vec wv = ld_w_tail<WT>(wr + (r * K + Kv) * esize<WT>(), n);
+      for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    const float s = WT == 2 ? scale[n0 + r] : 1.0f;
+    for (int m = 0; m < M_; m++) y[(m0 + m) * N + n0 + r] = WT == 2 ? vsum(acc[r][m]) * s : vsum(acc[r][m]);
+  }
+}
+
+template <int WT, int R>
+inline void rows(const float* x, int64_t M, int64_t K, const char* w, const float* scale, float* y, int64_t N,
+                 int64_t n0) {
+  int64_t m0 = 0;
+  for (; m0 + MR <= M; m0 += MR) tile<WT, R, MR>(x, K, w, scale, y, N, n0, m0);
+  switch (M - m0) {
+    case 3: tile<WT, R, 3>(x, K, w, scale, y, N, n0, m0); break;
+    case 2: tile<WT, R, 2>(x, K, w, scale, y, N, n0, m0); break;
+    case 1: tile<WT, R, 1>(x, K, w, scale, y, N, n0, m0); break;
+    default: break;
+  }
+}
+
+template <int WT, int R>
+void blocks(const float* x, int64_t M, int64_t K, const char* w, const float* scale, float* y, int64_t N,
+            int nthreads) {
+  const int64_t nblocks = N / R;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t b = 0; b < nblocks; b++) {
+    if (M == 1) tile<WT, R, 1>(x, K, w, scale, y, N, b * R, 0);
+    else if (M == 2 && R == NR_SMALL_M) tile<WT, R, 2>(x, K, w, scale, y, N, b * R, 0);
+    else rows<WT, R>(x, M, K, w, scale, y, N, b * R);
+  }
+  for (int64_t n0 = nblocks * R; n0 < N; n0++) rows<WT, 1>(x, M, K, w, scale, y, N, n0);
+}
+
+template <int WT>
+void run(const float* x, int64_t M, int64_t K, const char* w, const float* scale, int64_t N, float* y, int nthreads) {
+  if (N * K < 32768) nthreads = 1;  // not worth waking a second thread
+  if (M <= 2) blocks<WT, NR_SMALL_M>(x, M, K, w, scale, y, N, nthreads);
+  else blocks<WT, NR>(x, M, K, w, scale, y, N, nthreads);
+}
+
+}  // namespace
+
+extern "C" {
+
+// y[M, N] (float32, row-major) = x[M, K] (float32, row-major) @ W[N, K]^T, W row-major of type wt (0 float32,
+// 1 bfloat16, 2 int8 times scale[N]); nthreads >= 1. Returns 0, or -1 on bad arguments (nothing written).
+int swk_linear(const float* x, int64_t M, int64_t K, const void* w, int wt, const float* scale, int64_t N, float* y,
+               int nthreads) {
+  if (!x || !w || !y || M < 1 || K < 1 || N < 1 || nthreads < 1) return -1;
+  if ((wt == 2) != (scale != nullptr)) return -1;
+  const char* wc = (const char*)w;
+  switch (wt) {
+    case 0: run<0>(x, M, K, wc, scale, N, y, nthreads); return 0;
+    case 1: run<1>(x, M, K, wc, scale, N, y, nthreads); return 0;
+    case 2: run<2>(x, M, K, wc, scale, N, y, nthreads); return 0;
+    default: return -1;
+  }
+}
+
+// Vector width in floats this build was compiled for (16: AVX-512, 8: AVX2).
+int swk_vector_width(void) { return SWK_W; }
+
+}  // extern "C"

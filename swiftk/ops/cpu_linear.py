@@ -1,0 +1,196 @@
+"""The CPU linear kernel (``kernels/cpu_linear.cpp``): build for this host at first use, load, call.
+
+``linear(x, w, scale=None)`` computes ``x @ w.T`` (times ``scale`` per output row for int8 weights) for the few
+rows of a decode step, a draft step or a verify pass; see the .cpp file for why it beats MKL there and for its
+batch invariance. Its torch twin is :func:`swiftk.ops.reference.linear`.
+
+Build: ``g++ -O3 -march=native -fopenmp`` (``$CXX`` if set) into ``$SWIFTK_HOME/build/`` under a name that hashes
+the source, the flags, the compiler and this CPU's model and feature flags (a home shared between machines never
+loads a build made for another CPU); compiled under a temporary name, then renamed, so concurrent first uses are
+safe. Takes ~1-2 s once. The library links libgomp, which resolves to the copy torch already loaded: one OpenMP
+thread pool for both.
+
+Fallback: without a compiler, without AVX2+FMA, when the build fails, or with ``SWIFTK_CPU_KERNELS=0``, the
+runtime uses torch's matmul; :func:`status` says which and why (``swiftk info`` shows it).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from swiftk.errors import SwiftkError
+
+ENV_VAR = "SWIFTK_CPU_KERNELS"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+_lock = threading.Lock()
+_enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
+_lib = None
+_why: Optional[str] = None      # reason the kernel is not used, once decided
+_fn = None
+
+
+def source_path() -> Path:
+    here = Path(__file__).resolve()
+    for cand in (here.parents[1] / "kernels" / "cpu_linear.cpp",    # installed: swiftk/kernels/
+                 here.parents[2] / "kernels" / "cpu_linear.cpp"):   # source checkout: ./kernels/
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError("kernels/cpu_linear.cpp not found next to the swiftk package")
+
+
+def _cpu_id() -> str:
+    """Model name + feature flags of this CPU (what -march=native compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> Optional[str]:
+    cxx = os.environ.get("CXX") or "g++"
+    return shutil.which(cxx)
+
+
+def _build(src: Path, cxx: str) -> Path:
+    from swiftk.registry import swiftk_home
+
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([src.read_text(), " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
+    out_dir = Path(swiftk_home()) / "build"
+    out = out_dir / f"cpu_linear-{key}.so"
+    if out.is_file():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".cpu_linear-{key}.{os.getpid()}.{threading.get_ident()}.so"
+    try:
+        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def _load() -> None:
+    global _lib, _why, _fn
+    if os.environ.get(ENV_VAR, "").strip() == "0":
+        _why = f"disabled by {ENV_VAR}=0"
+        return
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        _why = f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}"
+        return
+    cxx = _compiler()
+    if cxx is None:
+        _why = "no C++ compiler (g++ or $CXX) found"
+        return
+    try:
+        path = _build(source_path(), cxx)
+        lib = ctypes.CDLL(str(path))
+    except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
+        _why = f"build failed ({type(e).__name__}: {str(e)[:300]})"
+        warnings.warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning,
+                      stacklevel=3)
+        return
+    fn = lib.swk_linear
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    lib.swk_vector_width.restype = ctypes.c_int
+    _lib, _fn, _why = lib, fn, ""
+
+
+def _ensure() -> bool:
+    if _why is None:
+        with _lock:
+            if _why is None:
+                _load()
+    return _fn is not None
+
+
+def active() -> bool:
+    """The runtime's check per linear: available and not switched off with :func:`set_enabled`."""
+    return _enabled and (_fn is not None if _why is not None else _ensure())
+
+
+def set_enabled(on: bool) -> None:
+    """Switch CPU linears between this kernel and torch's matmul for this process (benchmarks, tests)."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (builds it on first call)."""
+    return _ensure()
+
+
+def status() -> str:
+    """One line for ``swiftk info``: which matmul serves CPU linears, and why."""
+    if _ensure():
+        width = _lib.swk_vector_width()
+        return f"swiftk kernel (kernels/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'})"
+    return f"torch matmul ({_why})"
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The kernel takes 2-D contiguous CPU x (float32/bfloat16) and w (float32/bfloat16/int8) of matching K."""
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dim() == 2 and w.dim() == 2
+            and x.dtype in (torch.float32, torch.bfloat16) and w.dtype in _W_TYPES
+            and x.shape[1] == w.shape[1] and x.shape[0] >= 1 and w.is_contiguous())
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
+           threads: Optional[int] = None) -> torch.Tensor:
+    """y [M, N] float32 = x [M, K] @ w [N, K].T (* scale [N] when w is int8). Raises SwiftkError on bad input."""
+    if not _ensure():
+        raise SwiftkError(f"CPU linear kernel unavailable: {_why}")
+    if not supports(x, w):
+        raise SwiftkError(f"cpu linear: unsupported operands x {tuple(x.shape)} {x.dtype} {x.device}, "
+                          f"w {tuple(w.shape)} {w.dtype} {w.device} (contiguous: {w.is_contiguous()})")
+    wt = _W_TYPES[w.dtype]
+    if (wt == 2) != (scale is not None):
+        raise SwiftkError("cpu linear: int8 weights need a float32 per-row scale, other weights take none")
+    if scale is not None and (scale.dtype != torch.float32 or scale.shape != (w.shape[0],)
+                              or not scale.is_contiguous()):
+        raise SwiftkError(f"cpu linear: scale must be float32 [{w.shape[0]}] contiguous")
+    x = x.float().contiguous()
+    M, N = x.shape[0], w.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    rc = _fn(x.data_ptr(), M, x.shape[1], w.data_ptr(), wt, None if scale is None else scale.data_ptr(), N,
+             y.data_ptr(), threads or torch.get_num_threads())
+    if rc != 0:
+        raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
+    return y
+
+
+def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The runtime's hot path: x [M, K] @ w.T (* scale) in x's dtype, for operands the caller knows
+    :func:`supports` (model weights are checked once at load). Call only after :func:`available` returned True."""
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    M, N = xf.shape[0], w.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    if _fn(xf.data_ptr(), M, xf.shape[1], w.data_ptr(), _W_TYPES[w.dtype],
+           None if scale is None else scale.data_ptr(), N, y.data_ptr(), torch.get_num_threads()) != 0:
+        raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def reset() -> None:
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS)."""
+    global _lib, _why, _fn
+    with _lock:
+        _lib, _why, _fn = None, None, None
