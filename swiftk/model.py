@@ -137,6 +137,7 @@ class Layer:
 # torch's matmul serves, in the product form measured faster for T rows on this CPU: MKL's x @ w.T at a few rows
 # is 1.6-3x slower than its one-row GEMV on some CPUs and the faster form on others (choose_cpu_linear_forms).
 _TRANSPOSED: dict = {}
+KERNEL_MAX_ROWS = 32   # above this many rows (a prefill) MKL's GEMM beats the skinny kernel
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -144,16 +145,14 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     activations: the weight formats of ``Model(weights=...)``)."""
     if x.device.type != "cpu":
         return x @ w.T
-    kernel = cpu_linear.active()
-    if isinstance(w, QWeight):
-        if kernel:
-            return cpu_linear.fast(x, w.q, w.scale)
-        return (x.float() @ w.q.float().T * w.scale).to(x.dtype)   # correct but slow: dequantizes every call
-    if kernel:
-        return cpu_linear.fast(x, w)
-    if w.dtype != x.dtype:
-        return x @ w.to(x.dtype).T
     T = x.shape[0]
+    if T <= KERNEL_MAX_ROWS and cpu_linear.active():
+        return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
+    # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.
+    if isinstance(w, QWeight):
+        w = w.dequantize().to(x.dtype)
+    elif w.dtype != x.dtype:
+        w = w.to(x.dtype)
     if T > 1 and _TRANSPOSED.get(min(T, 8), True):
         return (w @ x.T).T
     return x @ w.T
