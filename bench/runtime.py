@@ -66,8 +66,7 @@ def pass_costs(engines: dict, reps: int) -> dict:
     from swiftk.ops import cpu_linear
 
     out = {c: {} for c in engines}
-    any_eng = next(iter(engines.values()))
-    skip = draft_skip(any_eng.model)
+    skip = draft_skip(next(iter(engines.values())).model)
     ctx = 128
     for c, eng in engines.items():
         m = eng.model
@@ -91,9 +90,9 @@ def pass_costs(engines: dict, reps: int) -> dict:
     for c, eng in engines.items():
         m = eng.model
         step = best[(c, "step")]
-        layer_bytes = [sum(nbytes(t) for t in (L.wqkv, L.wo)) for L in m.layers], \
-            [sum(nbytes(t) for t in (L.w_gate_up, L.w_down)) for L in m.layers]
-        skipped = sum(layer_bytes[i % 2][i // 2] for i in range(len(skip)) if skip[i])
+        sub_bytes = [sum(nbytes(t) for t in ws) for L in m.layers                  # attention, MLP per layer
+                     for ws in ((L.wqkv, L.wo), (L.w_gate_up, L.w_down))]
+        skipped = sum(b for b, s in zip(sub_bytes, skip.tolist()) if s)
         out[c] = {"weight_mb": m.weight_bytes() / 1e6, "step_ms": step * 1e3,
                   "weight_gb_s": m.weight_bytes() / step / 1e9,
                   **{k: best[(c, k)] / step for k in shapes if k != "step"},

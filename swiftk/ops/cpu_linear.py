@@ -167,24 +167,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = Non
     if scale is not None and (scale.dtype != torch.float32 or scale.shape != (w.shape[0],)
                               or not scale.is_contiguous()):
         raise SwiftkError(f"cpu linear: scale must be float32 [{w.shape[0]}] contiguous")
-    x = x.float().contiguous()
-    M, N = x.shape[0], w.shape[0]
-    y = torch.empty(M, N, dtype=torch.float32)
-    rc = _fn(x.data_ptr(), M, x.shape[1], w.data_ptr(), wt, None if scale is None else scale.data_ptr(), N,
-             y.data_ptr(), threads or torch.get_num_threads())
-    if rc != 0:
-        raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
-    return y
+    return fast(x.float(), w, scale, threads)
 
 
-def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
+         threads: Optional[int] = None) -> torch.Tensor:
     """The runtime's hot path: x [M, K] @ w.T (* scale) in x's dtype, for operands the caller knows
     :func:`supports` (model weights are checked once at load). Call only after :func:`available` returned True."""
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M, N = xf.shape[0], w.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
     if _fn(xf.data_ptr(), M, xf.shape[1], w.data_ptr(), _W_TYPES[w.dtype],
-           None if scale is None else scale.data_ptr(), N, y.data_ptr(), torch.get_num_threads()) != 0:
+           None if scale is None else scale.data_ptr(), N, y.data_ptr(), threads or torch.get_num_threads()) != 0:
         raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
