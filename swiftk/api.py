@@ -13,12 +13,13 @@ _lock = threading.Lock()
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         weights=None, **options) -> Engine:
+         weights=None, drafter=None, **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
     (all in ``dtype``), "bfloat16" or "int8" (CPU weight formats read by swiftk's matmul kernel, float32
-    activations; a rounded target model, see swiftk.model.Model)."""
+    activations; a rounded target model, see swiftk.model.Model); ``drafter``: a trained MoA drafter file for
+    ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it)."""
     from .loaders import load_checkpoint
 
     dev = resolve_device(device)       # validate before any download or load
@@ -27,7 +28,8 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     ckpt = load_checkpoint(path, dtype=dt)
     if model in _registry_names():
         ckpt.identity["name"] = model
-    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights, **options)
+    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights,
+                  drafter=drafter, **options)
 
 
 def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None, **kw):

@@ -41,6 +41,7 @@ class CostModel:
         self.verify: dict = {}                # bucket -> seconds of a verify pass of that many tokens
         self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
         self.opt: Optional[float] = None      # seconds of one matchness pass
+        self.moa: Optional[float] = None      # seconds of one MoA drafter step (moa.runner)
         self.draft_head_bytes: Optional[int] = None  # a reduced-vocabulary draft head reads fewer bytes
         self._kept = (None, 0.0)
 
@@ -65,6 +66,13 @@ class CostModel:
         if kf < 0.999:
             o = min(0.95, max(0.0, (dt / self.step - kf) / (1.0 - kf)))
             self.overhead += _EMA * (o - self.overhead)
+
+    def observe_moa(self, dt: float) -> None:
+        self.moa = _ema(self.moa, dt)
+
+    def moa_draft(self) -> float:
+        """Seconds of one MoA drafter step (prior: a fifth of a decode step, the share its LM head reads)."""
+        return self.moa if self.moa is not None else 0.2 * (self.step or 1.0)
 
     def observe_opt(self, dt: float) -> None:
         self.opt = _ema(self.opt, dt)
@@ -120,7 +128,7 @@ class CostModel:
         return {"step_s": self.step, "verify_s": {str(k): v for k, v in sorted(self.verify.items())},
                 "draft_overhead": self.overhead, "opt_step_s": self.opt, "attn_bytes": self.attn_bytes,
                 "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes,
-                "draft_head_bytes": self.draft_head_bytes}
+                "draft_head_bytes": self.draft_head_bytes, "moa_step_s": self.moa}
 
     def load_dict(self, d: dict) -> None:
         step = d.get("step_s")
@@ -163,15 +171,16 @@ class Gate:
         if was_probe:
             st.probe_gap = 4 if st.draft_rate > 1.0 else min(128, st.probe_gap * 2)
 
-    def keep_drafting(self, depth: int, conf: float, surv: float, tokens: float, skip) -> bool:
-        """After ``depth`` draft steps (chain survival ``surv``, expected tokens ``tokens``): one more?"""
+    def keep_drafting(self, depth: int, conf: float, surv: float, tokens: float, step_s: float) -> bool:
+        """After ``depth`` draft steps of ``step_s`` seconds each (chain survival ``surv``, expected tokens
+        ``tokens``): one more?"""
         if not self.auto:
             return conf >= self.cfg.eps
         c = self.costs
         a = self.stats.calibrate(conf)
-        sunk = depth * c.draft(skip)
+        sunk = depth * step_s
         now = tokens / (sunk + c.v(depth + 1))
-        more = (tokens + surv * a) / (sunk + c.draft(skip) + c.v(depth + 2))
+        more = (tokens + surv * a) / (sunk + step_s + c.v(depth + 2))
         return more > now
 
     def tree_size(self, sunk_s: float, values: list) -> int:

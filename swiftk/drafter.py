@@ -35,40 +35,43 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sampler, gate, *, m
         hidden = None
         if boundary is not None:
             out, hidden = out
-        logits = out[0]
-        if sampler.greedy:
-            top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), kmax)
-            top_p, top_i = top_p.tolist(), top_i.tolist()      # one small host read per step
-            conf = top_p[0]
-            k = k_for_confidence(conf, topk_bins)
-            level = DraftLevel(tokens=top_i[:k], probs=top_p[:k])
-        elif rejection:
-            q = sampler.sp.probs(logits)
-            conf = float(q.max())
-            k = min(k_for_confidence(conf, topk_bins), int((q > 0).sum()))
-            # children drawn without replacement from q; acceptance uses the matching conditional
-            toks = sample_without_replacement(q, k, sampler.generator).tolist()
-            level = DraftLevel(tokens=toks, probs=q[toks].tolist(), dist=q)
-        else:
-            # coupled sampling: the draft ranks tokens by the same Gumbel-perturbed score the target will use
-            q = sampler.sp.probs(logits)
-            sc = torch.log(q) + sampler.noise(n + j + 1, q.shape[-1])
-            k = min(kmax, int((q > 0).sum()))
-            top_s, top_i = torch.topk(sc, k)
-            top_i = top_i.tolist()
-            qs = q[top_i].tolist()
-            conf = qs[0]
-            k = k_for_confidence(conf, topk_bins)
-            level = DraftLevel(tokens=top_i[:k], probs=qs[:k])
+        level, conf = draft_level(out[0], sampler, n + j + 1, topk_bins, kmax, rejection)
         level.hidden = hidden
         levels.append(level)
         a = gate.stats.calibrate(conf)
         surv *= a
         tokens += surv
-        if not gate.keep_drafting(j + 1, conf, surv, tokens, skip):
+        if not gate.keep_drafting(j + 1, conf, surv, tokens, gate.costs.draft(skip)):
             break
         cur = level.tokens[0]
     return levels
+
+
+def draft_level(logits: torch.Tensor, sampler, pos: int, topk_bins, kmax: int, rejection: bool) -> tuple:
+    """Draft logits [V] for the token at position ``pos`` -> (DraftLevel of candidates, top-1 confidence).
+    Shared by every drafter (layer skip, MoA): how candidates are ranked decides what sampling acceptance needs."""
+    if sampler.greedy:
+        top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), kmax)
+        top_p, top_i = top_p.tolist(), top_i.tolist()      # one small host read per step
+        conf = top_p[0]
+        k = k_for_confidence(conf, topk_bins)
+        return DraftLevel(tokens=top_i[:k], probs=top_p[:k]), conf
+    q = sampler.sp.probs(logits)
+    if rejection:
+        conf = float(q.max())
+        k = min(k_for_confidence(conf, topk_bins), int((q > 0).sum()))
+        # children drawn without replacement from q; acceptance uses the matching conditional
+        toks = sample_without_replacement(q, k, sampler.generator).tolist()
+        return DraftLevel(tokens=toks, probs=q[toks].tolist(), dist=q), conf
+    # coupled sampling: the draft ranks tokens by the same Gumbel-perturbed score the target will use
+    sc = torch.log(q) + sampler.noise(pos, q.shape[-1])
+    k = min(kmax, int((q > 0).sum()))
+    top_s, top_i = torch.topk(sc, k)
+    top_i = top_i.tolist()
+    qs = q[top_i].tolist()
+    conf = qs[0]
+    k = k_for_confidence(conf, topk_bins)
+    return DraftLevel(tokens=top_i[:k], probs=qs[:k]), conf
 
 
 def matchness(model, cache, window: list, target_next: int, skip: torch.Tensor, head=None) -> float:

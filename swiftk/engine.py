@@ -44,11 +44,12 @@ def split_options(kw: dict) -> tuple:
 
 class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
-                 persist: Optional[bool] = None, weights: Optional[str] = None, **options):
+                 persist: Optional[bool] = None, weights: Optional[str] = None, drafter=None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
         ``weights``: None, "bfloat16" or "int8": a compressed CPU weight format (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
-        ``$SWIFTK_HOME/state`` so the next process starts warm."""
+        ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
+        ``method="moa"`` (default: found by model name, see :meth:`drafter_path`)."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.config = checkpoint.config
@@ -76,6 +77,9 @@ class Engine:
         self.state = SkipSetState(self.config.n_layers, opt_cfg)
         self._draft_head = None        # (size, vocab.DraftHead): the reduced-vocabulary draft head, built once
         self._fixed_states: dict = {}  # fixed drafts (early exit, static sets, n-grams) learn their own statistics
+        self._moa = None               # moa.MoARunner, loaded at the first method="moa" call (or now, if given)
+        if drafter is not None:
+            self.load_drafter(drafter)
         if self.persist:
             self._load_persisted(opt_cfg if opt_kw else None)
 
@@ -194,7 +198,8 @@ class Engine:
 
         ``method``: "swift" (default: layer-skip draft with the learned skip set + context n-grams, each used
         when the cost model expects it to pay), "autoregressive", "early_exit" (draft = layers 0..exit_layer-1,
-        then the LM head), "static" (draft with a fixed ``skip_set``, e.g. from ``swiftk optimize``) or "ngram"
+        then the LM head), "static" (draft with a fixed ``skip_set``, e.g. from ``swiftk optimize``), "moa" (the
+        trained Mixture-of-Attentions drafter, see :meth:`load_drafter`) or "ngram"
         (prompt lookup only). ``skip_set``: a JSON path, a dict {"attention": [...], "mlp": [...]} or a bool
         tensor [2L]. ``state``: the learned state to use and update (default: the engine's). ``options``: decode
         options (config.DecodeConfig) for this call; optimizer options are rejected here (they shape the learned
@@ -226,8 +231,11 @@ class Engine:
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
 
         with self._lock:
+            if method == "moa" and self._moa is None:
+                self.load_drafter(None)
             if state is None:
-                state = self.state if fixed is None and method != "ngram" else self._state_for(method, fixed)
+                state = self.state if fixed is None and method not in ("ngram", "moa") else \
+                    self._state_for(method, fixed)
             return self._generate(ids, max_new_tokens, method, sp, stop, callback, progress, exit_layer, fixed,
                                   state, cfg, _cancel)
 
@@ -266,7 +274,7 @@ class Engine:
                     head = lambda: self._head_for(cfg.draft_vocab)  # noqa: E731 - built at the first draft step
                 stats = swift_decode(self.model, self.cache, state, self.costs, ids, sampler, sink, cfg,
                                      skip=None if fixed is None else fixed.to(self.device), head=head,
-                                     layer_draft=method != "ngram")
+                                     layer_draft=method != "ngram", moa=self._moa if method == "moa" else None)
         finally:
             if bar is not None:
                 bar.close()
@@ -278,6 +286,33 @@ class Engine:
             self._save_persisted()
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
                                 finish_reason=sink.finish_reason, stats=stats)
+
+    # ------------------------------------------------------------------ the MoA drafter
+    def drafter_path(self) -> Path:
+        """Where this model's trained drafter is looked for: ``$SWIFTK_HOME/drafters/<name>-<fingerprint>.
+        safetensors`` (written by ``swiftk train-drafter``), else the one shipped with the package."""
+        from .registry import swiftk_home
+
+        name = str(self.identity.get("name") or "model")
+        fp = str(self.identity.get("fingerprint") or "")[:12]
+        home = swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"
+        shipped = Path(__file__).parent / "moa" / "drafters" / f"{name}.safetensors"
+        return home if home.is_file() or not shipped.is_file() else shipped
+
+    def load_drafter(self, path=None) -> None:
+        """Load a trained MoA drafter (``path``, default :meth:`drafter_path`) for ``method="moa"``."""
+        from .moa.model import load
+        from .moa.runner import MoARunner
+
+        p = Path(path) if path is not None else self.drafter_path()
+        if path is None and not p.is_file():
+            name = self.identity.get("name") or "<model>"
+            raise SwiftkError(f"no MoA drafter for {name!r} (looked for {p}); train one with `swiftk train-drafter "
+                              f"--model {name}` or pass swiftk.load(..., drafter=PATH)")
+        drafter, extra = load(p, self.config, self.identity, self.device)
+        self._moa = MoARunner(drafter, self.model, self.cache.max_slots)
+        self._moa_info = {"path": str(p), "tli": drafter.cfg.tli, "lsa": drafter.cfg.lsa,
+                          "parameters": drafter.n_params(), **{k: extra[k] for k in extra if k != "history"}}
 
     def _head_size(self, size: int) -> int:
         """The draft vocabulary size in use: 0 (the full head) when a subset would not be much smaller."""
@@ -317,7 +352,7 @@ class Engine:
             if method == "static":
                 raise SwiftkError("method='static' needs skip_set=PATH (a file from save_skip_set or swiftk optimize)")
             return None
-        if method in ("autoregressive", "ngram"):
+        if method in ("autoregressive", "ngram", "moa"):
             raise SwiftkError(f"skip_set is an option of the layer-skip methods, not {method!r}")
         if optimize:
             raise SwiftkError("skip_set=... decodes with that set without optimizing; to keep optimizing from it "
@@ -378,7 +413,7 @@ class Engine:
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
-                "costs": self.costs.to_dict(),
+                "costs": self.costs.to_dict(), "drafter": getattr(self, "_moa_info", None),
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},
                 "state": {"skip_set": skipset.to_layers(self.skip_set), "tokens_seen": self.state.tokens_seen,

@@ -18,7 +18,7 @@ import torch
 from .errors import SwiftkError
 from .sampling import process_logits, validate_sampling_params
 
-METHODS = ("swift", "autoregressive", "early_exit", "static", "ngram")
+METHODS = ("swift", "autoregressive", "early_exit", "static", "ngram", "moa")
 MAX_SEED = 2**63 - 1
 
 

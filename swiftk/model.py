@@ -289,10 +289,16 @@ class Model:
         return self._layers(self.embed[token_ids], 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
 
     @torch.inference_mode()
-    def forward_from(self, start_layer: int, hidden, positions, slots, cache: KVCache, attn_mask=None):
+    def forward_from(self, start_layer: int, hidden, positions, slots, cache: KVCache, attn_mask=None, *,
+                     head=None):
         """Layers [start_layer, L) from residual ``hidden`` [T, D] entering ``start_layer``; returns logits."""
         h, x, _ = self._layers(hidden, start_layer, self.cfg.n_layers, positions, slots, cache, attn_mask, None)
-        return self._logits(h, x, None, None)
+        return self._logits(h, x, None, head)
+
+    @torch.inference_mode()
+    def logits_of(self, hidden, head=None):
+        """Logits of a final residual [T, D] (final norm, then ``head`` or the LM head)."""
+        return self._logits(hidden, None, None, head)
 
     def _layers(self, h, start: int, stop: int, positions, slots, cache, attn_mask, skip, capture=None):
         """The layer loop over residual ``h`` for layers [start, stop). Returns (h, x, captured): x is h normed

@@ -20,6 +20,7 @@ from .acceptance import accept_tree
 from .costs import CostModel, Gate
 from .drafter import draft, matchness
 from .generate import DecodeStats, Sampler, Timer, plain_step, prefill
+from .moa.runner import moa_draft
 from .ngram import NgramIndex
 from .skipset import kvq_boundary, to_layers
 from .state import SkipSetState
@@ -76,20 +77,22 @@ def optimization_step(model, cache, state: SkipSetState, costs: CostModel, windo
 
 
 def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids: list, sampler: Sampler, sink,
-                 cfg, *, skip=None, head=None, layer_draft: bool = True) -> DecodeStats:
+                 cfg, *, skip=None, head=None, layer_draft: bool = True, moa=None) -> DecodeStats:
     """Decode with the speculative loop. ``skip`` fixes the draft's skip set (early exit, static sets: no
     optimization); ``layer_draft=False`` drafts from context n-grams only (method "ngram"); ``head``: a factory
     of the reduced-vocabulary draft head (vocab.DraftHead), called at the first draft, or None for the full LM
-    head. ``state`` is read and updated (skip-set search, acceptance statistics); nothing else outside the
+    head. ``moa``: a moa.MoARunner, the trained MoA drafter in place of the layer-skip draft. ``state`` is read
+    and updated (skip-set search, acceptance statistics); nothing else outside the
     arguments is touched."""
     dev = model.device
     st, timer, gate = DecodeStats(), Timer(), Gate(costs, state.stats, cfg)
+    layer_draft = layer_draft and moa is None
     opt = state.optimizer if (cfg.optimize and skip is None and layer_draft) else None
     W = state.cfg.context_window
     rejection = not sampler.greedy and cfg.sampling == "rejection"
     bins = cfg.topk_greedy if sampler.greedy else cfg.topk_sampling
     max_nodes = cfg.max_tree_nodes or (64 if gate.auto else costs.budget())
-    index = NgramIndex(prompt_ids) if (cfg.ngram or not layer_draft) and not rejection else None
+    index = NgramIndex(prompt_ids) if (cfg.ngram or not (layer_draft or moa)) and not rejection else None
     calibrate = state.stats.calibrate if gate.auto else (lambda p: p)
     boundary_of = (None, None)  # (skip set, its KVQ boundary layer) when cfg.kvq
     P = len(prompt_ids)
@@ -99,6 +102,8 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     t_start = t = time.perf_counter()
     pending = prefill(model, cache, prompt_ids, sampler)
     committed = list(prompt_ids)
+    if moa is not None:
+        moa.reset()
     st.decoding_steps = 1
     t = timer.add("verify", t)
     stop = sink.push(pending)
@@ -120,13 +125,19 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
                 costs.observe_opt((now - t) / passes)
                 t = timer.add("optimize", t)
         draft_skip = state.skip_set_on(dev) if skip is None else skip
-        if cfg.kvq and boundary_of[0] is not draft_skip:
+        if cfg.kvq and layer_draft and boundary_of[0] is not draft_skip:
             boundary_of = (draft_skip, kvq_boundary(draft_skip) or None)  # 0: nothing to reuse
 
         # ---- draft: layer-skip chain + siblings (when it is expected to pay), n-gram chain (free)
         levels = []
         measured = costs.step is not None   # the first round of an engine is a plain step: it measures one
-        if measured and layer_draft and gate.should_draft():
+        draft_s = costs.moa_draft() if moa is not None else costs.draft(draft_skip)  # seconds per draft token
+        if measured and moa is not None and gate.should_draft():
+            head = head if head is not None else _build_head(make_head, committed)
+            levels = moa_draft(model, cache, moa, committed, pending, sampler, gate, draft_s, max_draft=cfg.max_draft,
+                               max_spine=max_nodes - 1, topk_bins=bins,
+                               head=None if head is None else head.logits_full, rejection=rejection)
+        elif measured and layer_draft and gate.should_draft():
             head = head if head is not None else _build_head(make_head, committed)
             levels = draft(model, cache, pending, draft_skip, sampler, gate, max_draft=cfg.max_draft,
                            max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1],
@@ -144,7 +155,9 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
                               ngram_probs=[state.stats.ngram_prob(ng_n)] * len(ng), calibrate=calibrate,
                               choose_size=lambda vals: gate.tree_size(t_draft, vals) if not levels or gate.auto
                               else len(vals))
-        if levels:
+        if levels and moa is not None:
+            costs.observe_moa(t_draft / len(levels))
+        elif levels:
             costs.observe_draft(draft_skip, t_draft / len(levels))
         t = timer.add("draft", t)
 
@@ -165,12 +178,12 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             t = timer.add("verify", t)
             costs.observe_step(t - t0)
             if levels:  # drafted, but no node was worth verifying: a round slower than a plain step
-                gate.drafted(costs.v(1) / (len(levels) * costs.draft(draft_skip) + costs.v(1)))
+                gate.drafted(costs.v(1) / (len(levels) * draft_s + costs.v(1)))
             continue
 
         # ---- verify, accept, commit
         N, t0 = tree.size, t
-        logits = verify(model, cache, tree, levels, boundary_of[1] if levels else None)
+        logits = verify(model, cache, tree, levels, boundary_of[1] if levels and layer_draft else None)
         if rejection:
             path, bonus = accept_tree(tree, sampler.sp.probs(logits), "rejection", sampler.generator)
         else:
@@ -191,7 +204,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             head.add(new)
         _learn(state, tree, path.tolist(), ng_n, st)
         if levels:  # the round's speed in plain-step units, priced by the (measured, smoothed) cost model
-            gate.drafted(L * costs.v(1) / (len(levels) * costs.draft(draft_skip) + costs.v(N)))
+            gate.drafted(L * costs.v(1) / (len(levels) * draft_s + costs.v(N)))
         if len(st.expected_vs_measured) < 4096:
             expect = (1.0 + sum(tree.value[1:])) / (t_draft + costs.v(N))
             st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t - t0, 1e-9), 3)))

@@ -1,0 +1,99 @@
+"""The MoA drafter at generation time: its incremental state beside the target's KV cache, and the draft loop.
+
+State (one owner: the MoARunner of an engine, reset per call):
+  ca_k, ca_v [S, heads, hd]  cross-attention keys/values from LSA of every verified position (computed once each,
+                             from the target cache's K/V of that slot: the drafter's whole input from the target)
+  sa_k, sa_v [S, heads, hd]  the drafter's own self-attention K/V of verified tokens, then of the draft chain in the
+                             scratch positions past them (overwritten every round, like the target's scratch slots)
+``sync`` catches up on positions the target verified since the last draft (after commits and plain steps alike),
+so a round costs LSA for the newly verified tokens plus one small drafter step per drafted token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..drafter import draft_level
+from ..errors import SwiftkError
+from .model import MoADrafter
+
+
+class MoARunner:
+    def __init__(self, drafter: MoADrafter, model, max_slots: int):
+        c = drafter.cfg
+        c.validate(model.cfg)
+        self.drafter, self.model = drafter, model
+        hd = c.d // c.heads
+        z = lambda: torch.zeros(max_slots, c.heads, hd, device=model.device)  # noqa: E731
+        self.ca_k, self.ca_v, self.sa_k, self.sa_v = z(), z(), z(), z()
+        self.n = 0   # verified positions ingested
+        self.max_slots = max_slots
+
+    @property
+    def tli(self) -> int:
+        return self.drafter.cfg.tli
+
+    def reset(self) -> None:
+        self.n = 0
+
+    @torch.inference_mode()
+    def sync(self, cache, committed: list) -> None:
+        """Ingest verified positions [self.n, cache.length) (their tokens are ``committed[self.n:]``)."""
+        n, m = self.n, cache.length
+        if m > len(committed) or m > self.max_slots:
+            raise SwiftkError(f"drafter state out of step: {m} verified positions, {len(committed)} tokens")
+        if m <= n:
+            self.n = m
+            return
+        d, dev = self.drafter, self.model.device
+        pos = torch.arange(n, m, device=dev)
+        kv = cache.data[:, :, :, n:m, :]                              # [L, 2, KV, t, hd]
+        kv = kv.permute(3, 0, 1, 2, 4).reshape(m - n, d.cfg.n_layers, -1).float()   # [t, L, E]
+        self.ca_k[n:m], self.ca_v[n:m] = d.ca_keys(d.lsa_features(kv), pos)
+        emb = self.model.embed[torch.tensor(committed[n:m], device=dev)].float()
+        _, _, self.sa_k[n:m], self.sa_v[n:m] = d.sa_kv(emb, pos)
+        self.n = m
+
+    @torch.inference_mode()
+    def step(self, token: int, p: int) -> torch.Tensor:
+        """One drafter step for ``token`` at position p >= n (its SA K/V go to scratch position p) -> the predicted
+        activation entering target layer L - TLI, [1, hidden]."""
+        d, dev, n = self.drafter, self.model.device, self.n
+        pos = torch.tensor([p], device=dev)
+        emb = self.model.embed[torch.tensor([token], device=dev)].float()
+        x, q, k, v = d.sa_kv(emb, pos)
+        self.sa_k[p], self.sa_v[p] = k[0], v[0]
+        sa = F.scaled_dot_product_attention(q.transpose(0, 1), self.sa_k[: p + 1].transpose(0, 1),
+                                            self.sa_v[: p + 1].transpose(0, 1))   # prefix + chain: all visible
+        mask = torch.ones(1, n, dtype=torch.bool, device=dev)
+        return d.finish(x, sa.transpose(0, 1).reshape(1, -1), self.ca_k[:n], self.ca_v[:n], mask, pos).to(
+            self.model.dtype)
+
+
+def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, step_s: float, *,
+              max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
+    """Like drafter.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
+    N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
+    them)."""
+    runner.sync(cache, committed)
+    n, L, dev = cache.length, model.cfg.n_layers, model.device
+    kmax = max(k for _, k in topk_bins)
+    levels, cur = [], root_token
+    surv, tokens = 1.0, 1.0
+    pos = torch.empty(1, dtype=torch.long, device=dev)
+    for j in range(min(max_draft, max_spine)):
+        p = n + j
+        h = runner.step(cur, p)
+        if runner.tli:
+            pos.fill_(p)
+            logits = model.forward_from(L - runner.tli, h, pos, pos, cache, head=head)[0]
+        else:
+            logits = model.logits_of(h, head)[0]
+        level, conf = draft_level(logits, sampler, p + 1, topk_bins, kmax, rejection)
+        levels.append(level)
+        surv *= gate.stats.calibrate(conf)
+        tokens += surv
+        if not gate.keep_drafting(j + 1, conf, surv, tokens, step_s):
+            break
+        cur = level.tokens[0]
+    return levels
