@@ -1,4 +1,4 @@
-"""``swiftk`` command line: generate, optimize, pull, info."""
+"""``swiftk`` command line: generate, optimize, train-drafter, pull, info."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     _common(g)
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static", "ngram"])
+    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static", "ngram", "moa"])
     g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
     g.add_argument("--temperature", "-t", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    g.add_argument("--drafter", help="moa: a trained drafter file (default: this model's, see train-drafter)")
     g.add_argument("--skip-set", help="a saved skip set (JSON): swift starts from it without optimizing; static "
                    "decodes with it")
     g.add_argument("--save-skip-set", help="write the skip set found to this JSON file")
@@ -53,6 +54,23 @@ def main(argv=None) -> int:
     o.add_argument("--state", help="search state file (default OUT.state.json); an existing one is resumed")
     o.add_argument("--seed", type=int, default=0)
 
+    t = sub.add_parser("train-drafter", help="train the MoA drafter of a model on CPU (features cached, resumable)")
+    t.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
+    t.add_argument("--data", action="append", default=None, metavar="SOURCE",
+                   help="'stdlib' (Python's own source), a .jsonl of prompts {text, chat} (the document is the "
+                   "prompt plus the model's greedy answer) or a text file; repeatable (default: stdlib)")
+    t.add_argument("--tokens", type=int, default=100_000, help="corpus size in tokens")
+    t.add_argument("--answer-tokens", type=int, default=128, help="tokens of each generated answer")
+    t.add_argument("--out", help="drafter file (default: where generate(method='moa') looks for it)")
+    t.add_argument("--features", help="feature cache directory (default: OUT.features)")
+    t.add_argument("--tli", type=int, default=0, help="target layers that finish each draft step")
+    t.add_argument("--no-lsa", action="store_true", help="ablation: last target layer's K/V instead of LSA")
+    t.add_argument("--steps", type=int, default=1500)
+    t.add_argument("--batch", type=int, default=4, help="chunks per step")
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", action="store_true", help="continue from OUT.ckpt (same settings)")
+
     p = sub.add_parser("pull", help="download a registry model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
     p.add_argument("--force", action="store_true", help="download and verify again")
@@ -64,7 +82,8 @@ def main(argv=None) -> int:
 
     args = ap.parse_args(argv)
     try:
-        return {"generate": _generate, "optimize": _optimize, "pull": _pull, "info": _info}[args.cmd](args)
+        return {"generate": _generate, "optimize": _optimize, "train-drafter": _train_drafter, "pull": _pull,
+                "info": _info}[args.cmd](args)
     except SwiftkError as e:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
@@ -104,7 +123,9 @@ def _generate(a) -> int:
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, **opt_kw)
+    if a.drafter and a.method != "moa":
+        raise SwiftkError("--drafter is an option of --method moa")
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, drafter=a.drafter, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -144,6 +165,29 @@ def _optimize(a) -> int:
     print(f"{path}: {int(s.sum())} of {s.numel()} sublayers skipped; {best['tokens_per_s']:.1f} tok/s, "
           f"M={best['M']:.2f}, alpha={best['alpha']:.2f} on {len(prompts)} prompt(s) "
           f"(best of {len(search.history)}; state in {state})")
+    return 0
+
+
+def _train_drafter(a) -> int:
+    import swiftk
+    from .moa import data, train
+
+    for name in ("tokens", "answer_tokens", "steps", "batch"):
+        if getattr(a, name) < 1:
+            raise SwiftkError(f"--{name.replace('_', '-')} must be >= 1")
+    eng = swiftk.load(a.model, persist=False)
+    out = Path(a.out) if a.out else eng.trained_drafter_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _check_output_path(str(out), "--out")
+    feats = Path(a.features) if a.features else out.with_name(out.name + ".features")
+    man = data.extract(eng, feats, a.data or ["stdlib"], a.tokens, max_tli=max(1, a.tli),
+                       answer_tokens=a.answer_tokens, progress=sys.stderr.isatty())
+    rep = train.train(eng, feats, out, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, resume=a.resume,
+                      progress=sys.stderr.isatty(), tli=a.tli, lsa=not a.no_lsa)
+    h = rep["held_out"]
+    print(f"{out}: {rep['parameters']:,} parameters, TLI {a.tli}{'' if not a.no_lsa else ', no LSA'}; "
+          f"{man['tokens']:,} corpus tokens; trained {rep['train_s']:.0f} s; held-out greedy acceptance by depth "
+          f"{h['acceptance_by_depth']}, implied mean accepted length {h['mean_accepted_length']}")
     return 0
 
 

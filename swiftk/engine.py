@@ -288,15 +288,18 @@ class Engine:
                                 finish_reason=sink.finish_reason, stats=stats)
 
     # ------------------------------------------------------------------ the MoA drafter
-    def drafter_path(self) -> Path:
-        """Where this model's trained drafter is looked for: ``$SWIFTK_HOME/drafters/<name>-<fingerprint>.
-        safetensors`` (written by ``swiftk train-drafter``), else the one shipped with the package."""
+    def trained_drafter_path(self) -> Path:
+        """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
         from .registry import swiftk_home
 
         name = str(self.identity.get("name") or "model")
         fp = str(self.identity.get("fingerprint") or "")[:12]
-        home = swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"
-        shipped = Path(__file__).parent / "moa" / "drafters" / f"{name}.safetensors"
+        return swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"
+
+    def drafter_path(self) -> Path:
+        """Where this model's drafter is looked for: the trained one, else the one shipped with the package."""
+        home = self.trained_drafter_path()
+        shipped = Path(__file__).parent / "moa" / "drafters" / f"{self.identity.get('name')}.safetensors"
         return home if home.is_file() or not shipped.is_file() else shipped
 
     def load_drafter(self, path=None) -> None:

@@ -79,12 +79,12 @@ def _chi2_pvalue(counts, probs):
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def _sample_pairs(eng, prompt, n, temperature, **kw):
+def _sample_pairs(eng, prompt, n, temperature, method="swift", **kw):
     """Seeds 0..n-1 each draw one sample of the first two tokens."""
     counts = torch.zeros(V * V, dtype=torch.float64)
     stats = {"rounds": 0, "accepted": 0}
     for seed in range(n):
-        out = eng.generate(prompt, max_new_tokens=2, method="swift", temperature=temperature, seed=seed, **kw)
+        out = eng.generate(prompt, max_new_tokens=2, method=method, temperature=temperature, seed=seed, **kw)
         a, b = out.token_ids
         counts[a * V + b] += 1
         stats["accepted"] += out.stats["accepted_tokens"]
@@ -101,6 +101,25 @@ def test_swift_sampling_matches_target_joint(engine, rule):
     p = _chi2_pvalue(counts, exact)
     tv = 0.5 * float((counts / counts.sum() - exact).abs().sum())
     assert p > 1e-3, (p, tv)
+
+
+@pytest.mark.parametrize("rule", ["coupled", "rejection"])
+def test_moa_sampling_matches_target_joint(engine, rule, tmp_path):
+    """The same statistic with the MoA drafter (a random one: its proposals differ from the target's, and with
+    TLI = 1 the target's last layer finishes each draft step) plus n-gram candidates in the same tree."""
+    from swiftk.moa.model import MoAConfig, MoADrafter, save
+
+    torch.manual_seed(3)
+    d = MoADrafter(MoAConfig.for_target(engine.config, d=16, heads=2, mlp=32, lsa_dim=8, tli=1))
+    for p in d.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    save(tmp_path / "d.safetensors", d, engine.identity)
+    engine.load_drafter(tmp_path / "d.safetensors")
+    prompt = [3, 7, 3, 7, 3]   # a repeat, so the n-gram source proposes too
+    exact = _exact_joint(engine, prompt, 1.0).flatten()
+    counts, st = _sample_pairs(engine, prompt, 3000, 1.0, method="moa", sampling=rule, ngram=True)
+    assert st["accepted"] > 0, "no draft token was ever accepted: the test would not exercise acceptance"
+    assert _chi2_pvalue(counts, exact) > 1e-3
 
 
 def test_statistic_rejects_the_draft_distribution(engine):

@@ -1,0 +1,260 @@
+"""Training the MoA drafter on cached target features (moa.data): forward KL from the target's next-token
+distribution to the drafter's, plus Smooth-L1 between predicted and true activations.
+
+TLI = 0: the prediction is the final hidden state; both sides' logits come from the target's final norm + LM head.
+TLI = N: the prediction is the residual entering layer L - N; the target's last N layers (frozen) finish it,
+attending to the chunk's true K/V for earlier positions (teacher forcing) and to the prediction's own K/V.
+Each row draws an offset k >= 1 (P(k) ~ 0.7^(k-1), k <= max_offset): it sees the target's states only up to
+k positions back, as a draft token k - 1 steps past the last verified one does.
+
+Checkpoints (every ``ckpt_every`` steps and at the end) hold the drafter, AdamW's moments and the step in one
+safetensors file (no pickle); ``resume`` continues from it with the same batch sequence (batches are drawn from
+a generator seeded by (seed, step)).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SwiftkError
+from ..ops import reference as R
+from .model import MoAConfig, MoADrafter, rms, save
+
+HELD_OUT = 0.05
+
+
+def offset_probs(K: int) -> torch.Tensor:
+    p = torch.tensor([0.7 ** i for i in range(K)])
+    return p / p.sum()
+
+
+class Frozen:
+    """The target pieces training needs, as plain float32 tensors (autograd flows through, never into them)."""
+
+    def __init__(self, model, tli: int):
+        c = model.cfg
+        if model.weights is not None or model.dtype != torch.float32:
+            raise SwiftkError("train the drafter on the float32 target (load without weights=...)")
+        self.cfg, self.tli = c, tli
+        self.embed = model.embed.clone()
+        self.lm_head = model.lm_head.clone()
+        self.norm = model.norm.clone()
+        self.layers = [{k: (None if v is None else v.clone()) for k, v in vars(model.layers[i]).items()}
+                       for i in range(c.n_layers - tli, c.n_layers)]
+        self.inv_freq = model.inv_freq.clone()
+
+    def logits(self, x):
+        return x @ self.lm_head.T
+
+    def finish(self, h, kv, layer0: int):
+        """Residual h [B, T, D] entering layer ``layer0`` -> final-normed hidden, through the frozen last layers
+        with the true K/V [B, T, L, E] of earlier positions and the prediction's own at its position."""
+        c = self.cfg
+        B, T, D = h.shape
+        H, KV, hd = c.n_heads, c.n_kv_heads, c.head_dim
+        pos = torch.arange(T, device=h.device)
+        cos, sin = R.rope_tables(pos, self.inv_freq)                       # [T, 1, hd]
+        eye = torch.eye(T, dtype=torch.bool, device=h.device)
+        before = torch.ones(T, T, dtype=torch.bool, device=h.device).tril(-1)
+        for i, L in enumerate(self.layers):
+            li = layer0 + i
+            x = rms(h, L["attn_norm"], c.rms_eps)
+            qkv = x @ L["wqkv"].T
+            if L["bqkv"] is not None:
+                qkv = qkv + L["bqkv"]
+            q = R.rope_with_tables(qkv[..., : H * hd].reshape(B, T, H, hd), cos, sin)
+            k = R.rope_with_tables(qkv[..., H * hd:(H + KV) * hd].reshape(B, T, KV, hd), cos, sin)
+            v = qkv[..., (H + KV) * hd:].reshape(B, T, KV, hd)
+            kt = kv[:, :, li, : KV * hd].reshape(B, T, KV, hd).float()
+            vt = kv[:, :, li, KV * hd:].reshape(B, T, KV, hd).float()
+            rep = H // KV
+            k, v, kt, vt = (t.repeat_interleave(rep, 2).transpose(1, 2) for t in (k, v, kt, vt))  # [B, H, T, hd]
+            qh = q.transpose(1, 2)
+            s = (qh @ kt.transpose(-1, -2)) * hd ** -0.5
+            own = (qh * k).sum(-1) * hd ** -0.5                                # [B, H, T]
+            s = torch.where(eye, own[..., None], s.masked_fill(~before, float("-inf")))
+            p = torch.softmax(s, -1)
+            o = p.masked_fill(eye, 0.0) @ vt + p.diagonal(dim1=-2, dim2=-1)[..., None] * v
+            h = h + o.transpose(1, 2).reshape(B, T, H * hd) @ L["wo"].T
+            x = rms(h, L["mlp_norm"], c.rms_eps)
+            g, u = (x @ L["w_gate_up"].T).chunk(2, -1)
+            h = h + (F.silu(g) * u) @ L["w_down"].T
+        return rms(h, self.norm, c.rms_eps)
+
+
+def _loss(drafter, frozen: Frozen, batch: dict, offsets, reg_weight: float, head: torch.Tensor) -> tuple:
+    """-> (loss, kl, reg, predicted final-normed hidden, true final-normed hidden). The KL is over the rows of
+    ``head`` (the draft vocabulary the drafter's logits are read from at generation), renormalized."""
+    tli = drafter.cfg.tli
+    emb = frozen.embed[batch["tokens"].long()]
+    kv = batch["kv"].float()
+    pred = drafter.forward_train(emb, kv, offsets)
+    target_x = batch["final"].float()
+    if tli == 0:
+        xhat = rms(pred, frozen.norm, frozen.cfg.rms_eps)
+        reg = F.smooth_l1_loss(xhat, target_x)
+    else:
+        true = batch[f"resid{tli}"].float()
+        scale = true.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-3)
+        reg = F.smooth_l1_loss(pred / scale, true / scale)
+        xhat = frozen.finish(pred, kv, frozen.cfg.n_layers - tli)
+    with torch.no_grad():
+        pt = torch.softmax(target_x @ head.T, -1)
+    dl = xhat @ head.T
+    kl = F.cross_entropy(dl.flatten(0, -2), pt.flatten(0, -2)) + (pt * pt.clamp_min(1e-30).log()).sum(-1).mean()
+    return kl + reg_weight * reg, kl, reg, xhat, target_x
+
+
+@torch.no_grad()
+def evaluate(drafter, frozen: Frozen, feats: dict, idx: list, head_ids: torch.Tensor, max_depth: int = 4) -> dict:
+    """Held-out estimate: how often the drafter's top-1 (over the draft vocabulary) is the target's top-1 (over
+    the full vocabulary) -- the greedy acceptance rate of a draft token -- per offset k (depth k - 1 past the last
+    verified token), and the mean accepted length of a greedy chain of ``max_depth`` drafts implied by them
+    (1 + a1 + a1*a2 + ...)."""
+    drafter.eval()
+    head = frozen.lm_head[head_ids]
+    acc = []
+    for k in range(1, max_depth + 1):
+        hit = n = 0
+        for i in idx:
+            b = {name: t[i:i + 1] for name, t in feats.items()}
+            off = torch.full(b["tokens"].shape, k, dtype=torch.long)
+            _, _, _, xhat, x = _loss(drafter, frozen, b, off, 0.0, head)
+            mine = head_ids[(xhat @ head.T).argmax(-1)]
+            want = frozen.logits(x).argmax(-1)
+            hit += int((mine == want)[:, k:].sum())   # rows that see at least one verified state
+            n += mine.shape[1] - k
+        acc.append(hit / max(n, 1))
+    drafter.train()
+    m, surv = 1.0, 1.0
+    for a in acc:
+        surv *= a
+        m += surv
+    return {"acceptance_by_depth": [round(a, 4) for a in acc], "mean_accepted_length": round(m, 3)}
+
+
+def _ckpt_tensors(drafter, opt) -> dict:
+    out = {f"model.{k}": v.detach().clone() for k, v in drafter.state_dict().items()}
+    names = {id(p): n for n, p in drafter.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st:
+                out[f"adam.m.{names[id(p)]}"] = st["exp_avg"]
+                out[f"adam.v.{names[id(p)]}"] = st["exp_avg_sq"]
+    return out
+
+
+def _save_ckpt(path: Path, drafter, opt, step: int, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({k: v.contiguous() for k, v in _ckpt_tensors(drafter, opt).items()}, str(tmp),
+              metadata={"step": str(step), "meta": json.dumps(meta)})
+    os.replace(tmp, path)
+
+
+def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        md = f.metadata()
+        if json.loads(md["meta"]) != meta:
+            raise SwiftkError(f"checkpoint {path} was made with other settings; delete it or drop --resume")
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    drafter.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
+    step = int(md["step"])
+    for n, p in drafter.named_parameters():
+        if f"adam.m.{n}" in t:
+            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": t[f"adam.m.{n}"],
+                            "exp_avg_sq": t[f"adam.v.{n}"]}
+    return step
+
+
+def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: float = 2e-3, reg_weight: float = 1.0,
+          vocab: int = 8192, seed: int = 0, resume: bool = False, ckpt_every: int = 100, progress: bool = True,
+          **drafter_options) -> dict:
+    """Train a drafter on the features in ``features_dir``; write it to ``out`` (safetensors). ``vocab``: the KL
+    runs over this many frequent tokens (the default draft vocabulary; 0 = the full vocabulary). Returns a
+    report (held-out acceptance estimate, time, sizes)."""
+    torch.set_flush_denormal(True)   # softmax gradients underflow to denormals: 25x slower matmuls without this
+    try:
+        return _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every,
+                      progress, drafter_options)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
+           drafter_options) -> dict:
+    from ..registry import swiftk_home
+    from ..vocab import frequent_token_ids
+    from .data import load_features
+
+    out = Path(out)
+    feats = load_features(features_dir)
+    C = feats["tokens"].shape[0]
+    cfg = MoAConfig.for_target(eng.config, **drafter_options)
+    if cfg.tli and f"resid{cfg.tli}" not in feats:
+        raise SwiftkError(f"features in {features_dir} have no residuals for tli={cfg.tli}; re-extract with "
+                          f"max_tli >= {cfg.tli}")
+    n_eval = max(1, int(C * HELD_OUT))
+    train_idx, eval_idx = list(range(C - n_eval)), list(range(C - n_eval, C))
+    torch.manual_seed(seed)
+    drafter = MoADrafter(cfg)
+    frozen = Frozen(eng.model, cfg.tli)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    meta = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "steps": steps, "batch": batch,
+            "lr": lr, "reg_weight": reg_weight, "vocab": vocab, "seed": seed, "chunks": C}
+    ckpt = out.with_name(out.name + ".ckpt")
+    step = _load_ckpt(ckpt, drafter, opt, meta) if resume and ckpt.is_file() else 0
+    probs = offset_probs(cfg.max_offset)
+    V = eng.config.vocab_size
+    head_ids = (frequent_token_ids(eng.tokenizer, vocab, cache_dir=swiftk_home() / "draft_vocab",
+                                   model_name=str(eng.identity.get("name") or "model"))
+                if 0 < vocab < V else torch.arange(V))
+    head = frozen.lm_head[head_ids]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=step, desc=f"train drafter (tli={cfg.tli})", unit="step")
+    t0, history = time.perf_counter(), []
+    drafter.train()
+    while step < steps:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        pick = [train_idx[i] for i in torch.randint(len(train_idx), (batch,), generator=g).tolist()]
+        b = {k: v[pick] for k, v in feats.items()}
+        offsets = torch.multinomial(probs, b["tokens"].numel(), replacement=True, generator=g).view(
+            b["tokens"].shape) + 1
+        for grp in opt.param_groups:   # warm-up, then cosine
+            grp["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
+        loss, kl, reg, _, _ = _loss(drafter, frozen, b, offsets, reg_weight, head)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(kl=f"{kl.item():.3f}", reg=f"{reg.item():.3f}")
+        if step == 1 or step % max(1, steps // 20) == 0:
+            history.append((step, round(kl.item(), 4), round(reg.item(), 4)))
+        if step % ckpt_every == 0 or step == steps:
+            _save_ckpt(ckpt, drafter, opt, step, meta)
+    if bar is not None:
+        bar.close()
+    train_s = time.perf_counter() - t0
+    report = {"held_out": evaluate(drafter, frozen, feats, eval_idx, head_ids), "vocab": len(head_ids), "train_s": round(train_s, 1),
+              "steps": steps, "batch": batch, "chunk_tokens": int(feats["tokens"].shape[1]),
+              "train_tokens": len(train_idx) * int(feats["tokens"].shape[1]),
+              "held_out_tokens": n_eval * int(feats["tokens"].shape[1]), "parameters": drafter.n_params(),
+              "history": history}
+    save(out, drafter, eng.identity, report)
+    return report

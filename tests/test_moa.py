@@ -1,0 +1,200 @@
+"""The MoA drafter: train/generate consistency of the module, its file format, lossless decoding with it
+(greedy vs transformers and vs autoregressive), training and the CLI on a tiny model."""
+import json
+
+import pytest
+import torch
+
+import swiftk
+from swiftk.errors import SwiftkError
+from swiftk.moa.model import MoAConfig, MoADrafter, load, save
+from swiftk.moa.runner import MoARunner
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def eng(tiny_dir):
+    return swiftk.load(str(tiny_dir), persist=False, max_context=200)
+
+
+def _random_drafter(eng, std=0.3, seed=0, **kw):
+    torch.manual_seed(seed)
+    kw = {"d": 32, "heads": 2, "mlp": 64, "lsa_dim": 16, **kw}
+    d = MoADrafter(MoAConfig.for_target(eng.config, **kw))
+    for p in d.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return d.eval()
+
+
+def _prompt(n=24):
+    return " ".join(f"w{(i * 7) % 13}" for i in range(n))
+
+
+@pytest.mark.parametrize("lsa", [True, False])
+def test_cross_attention_sees_only_verified_states(eng, lsa):
+    """Row i's prediction depends on the target K/V of positions <= i - offset only (T-step boundedness)."""
+    d = _random_drafter(eng, lsa=lsa)
+    c = eng.config
+    B, T = 2, 10
+    emb = torch.randn(B, T, c.hidden_size)
+    kv = torch.randn(B, T, c.n_layers, d.cfg.kv_dim)
+    off = torch.randint(1, 4, (B, T))
+    with torch.no_grad():
+        base = d.forward_train(emb, kv, off)
+        i = 7
+        vis = i - int(off[0, i])
+        kv2 = kv.clone()
+        kv2[0, vis + 1:] += 5.0          # change what row i must not see
+        assert torch.equal(d.forward_train(emb, kv2, off)[0, i], base[0, i])
+        kv3 = kv.clone()
+        kv3[0, vis] += 5.0               # and what it does see
+        assert not torch.allclose(d.forward_train(emb, kv3, off)[0, i], base[0, i])
+
+
+def test_runner_equals_training_forward(eng):
+    """The incremental generation path (sync on verified positions, then chain steps) computes what the
+    teacher-forced training pass computes for the same tokens and offset."""
+    d = _random_drafter(eng)
+    m, cache = eng.model, eng.model.new_cache(64)
+    ids = eng.encode_prompt(_prompt(16))
+    T = len(ids)
+    pos = torch.arange(T)
+    m.forward(torch.tensor(ids), pos, pos, cache)
+    kv = cache.data[:, :, :, :T].permute(3, 0, 1, 2, 4).reshape(T, m.cfg.n_layers, -1)
+    emb = m.embed[torch.tensor(ids)]
+    r = MoARunner(d, m, 64)
+    for n, p in ((5, 5), (5, 8), (11, 13)):
+        cache.length = n
+        r.reset()
+        r.sync(cache, ids)
+        for q in range(n, p + 1):      # the chain n..p with the true tokens
+            out = r.step(ids[q], q)
+        with torch.no_grad():
+            ref = d.forward_train(emb[None], kv[None], torch.full((1, T), p - n + 1))[0, p]
+        torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_file_round_trip_and_bad_files(eng, tmp_path):
+    d = _random_drafter(eng, tli=1)
+    path = tmp_path / "d.safetensors"
+    save(path, d, eng.identity, {"note": "x"})
+    d2, extra = load(path, eng.config, eng.identity)
+    assert extra == {"note": "x"} and d2.cfg == d.cfg
+    for (k, a), b in zip(d.state_dict().items(), d2.state_dict().values()):
+        assert torch.equal(a.to(torch.bfloat16).float(), b), k   # stored in bfloat16
+    assert not list(tmp_path.glob(".*tmp"))
+    with pytest.raises(SwiftkError, match="no drafter file"):
+        load(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(SwiftkError, match="cannot read drafter"):
+        load(tmp_path / "junk.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(SwiftkError, match="not a swiftk MoA drafter"):
+        load(tmp_path / "other.safetensors")
+    other = MoADrafter(MoAConfig(hidden=8, n_layers=2, kv_dim=8, vocab_size=10, d=8, heads=2, mlp=8, lsa_dim=4))
+    save(tmp_path / "wrong.safetensors", other, {})
+    with pytest.raises(SwiftkError, match="trained for a target"):
+        load(tmp_path / "wrong.safetensors", eng.config)
+    save(tmp_path / "fp.safetensors", d, {"fingerprint": "f" * 64, "name": "x"})
+    with pytest.raises(SwiftkError, match="trained for model"):
+        load(tmp_path / "fp.safetensors", eng.config, {"fingerprint": "e" * 64})
+
+
+def test_missing_drafter_names_the_command(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    e = swiftk.load(str(tiny_dir), persist=False)
+    with pytest.raises(SwiftkError, match="swiftk train-drafter"):
+        e.generate("w1 w2", max_new_tokens=4, method="moa")
+    with pytest.raises(SwiftkError, match="no drafter file"):
+        swiftk.load(str(tiny_dir), persist=False, drafter=tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("tli", [0, 1, 3])
+def test_moa_greedy_identical_to_transformers(eng, tiny_dir, tmp_path, tli):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).float().eval()
+    save(tmp_path / "d.safetensors", _random_drafter(eng, tli=tli, seed=tli), eng.identity)
+    eng.load_drafter(tmp_path / "d.safetensors")
+    for prompt in (_prompt(), "w3 w1 w4 w1 w5 w9 w2 w6", "w0"):
+        ids = eng.encode_prompt(prompt)
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, len(ids):]
+        out = eng.generate(prompt, max_new_tokens=40, method="moa", speculate="always", max_tree_nodes=12)
+        assert out.token_ids == ref.tolist()
+        assert out.stats["rounds"] > 0
+    assert eng.info()["drafter"]["tli"] == tli
+
+
+def test_moa_drafts_that_match_get_accepted(eng, tmp_path, monkeypatch):
+    """Acceptance wiring: a drafter whose logits are the target's own next-token logits is accepted on every
+    draft token (so accepted_by_source counts them) -- the loop commits what it verified."""
+    import swiftk.moa.runner as R
+
+    save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
+    eng.load_drafter(tmp_path / "d.safetensors")
+    prompt = _prompt(12)
+    ar = eng.generate(prompt, max_new_tokens=30, method="autoregressive").token_ids
+    truth = eng.encode_prompt(prompt) + ar
+
+    def oracle(logits_of):
+        def f(hidden, head=None):
+            p = oracle.pos
+            lg = torch.full((1, eng.config.vocab_size), -10.0)
+            if p + 1 < len(truth):
+                lg[0, truth[p + 1]] = 10.0
+            return lg
+        return f
+
+    real_step = R.MoARunner.step
+
+    def step(self, token, p):
+        oracle.pos = p
+        return real_step(self, token, p)
+
+    monkeypatch.setattr(R.MoARunner, "step", step)
+    monkeypatch.setattr(eng.model, "logits_of", oracle(eng.model.logits_of))
+    out = eng.generate(prompt, max_new_tokens=30, method="moa", speculate="always", max_tree_nodes=8, ngram=False)
+    assert out.token_ids == ar
+    s = out.stats
+    assert s["accepted_by_source"]["draft"] == s["accepted_tokens"] > 20
+
+
+def test_train_extract_resume_and_cli(eng, tiny_dir, tmp_path, monkeypatch):
+    from swiftk.cli import main
+    from swiftk.moa import data, train
+
+    text = tmp_path / "corpus.txt"
+    text.write_text(" ".join(f"w{(i * i + 3 * i) % 61}" for i in range(3000)))
+    man = data.extract(eng, tmp_path / "f", [str(text)], 2000, chunk=64, max_tli=1, progress=False)
+    assert man["chunks"] == 2000 // 64
+    feats = data.load_features(tmp_path / "f")
+    assert feats["kv"].shape[1:] == (64, eng.config.n_layers, 2 * eng.config.n_kv_heads * eng.config.head_dim)
+    # the stored final-normed hidden state gives the model's own logits
+    ids = feats["tokens"][3].tolist()
+    ref = eng.logits(ids)
+    got = feats["final"][3].float() @ eng.model.lm_head.T
+    assert (ref.argmax(-1) == got.argmax(-1)).float().mean() > 0.95
+    kw = dict(steps=40, batch=4, vocab=0, progress=False, d=32, heads=2, mlp=64, lsa_dim=16, ckpt_every=20)
+    rep = train.train(eng, tmp_path / "f", tmp_path / "a.safetensors", **kw)
+    first, last = rep["history"][0], rep["history"][-1]
+    assert rep["steps"] == 40 and len(rep["held_out"]["acceptance_by_depth"]) == 4
+    # resuming from the step-40 checkpoint with the same settings runs no more steps and gives the same drafter
+    rep2 = train.train(eng, tmp_path / "f", tmp_path / "b.safetensors", resume=True, **kw) \
+        if (tmp_path / "b.safetensors.ckpt").exists() else None
+    assert rep2 is None
+    (tmp_path / "b.safetensors.ckpt").write_bytes((tmp_path / "a.safetensors.ckpt").read_bytes())
+    rep2 = train.train(eng, tmp_path / "f", tmp_path / "b.safetensors", resume=True, **kw)
+    assert rep2["held_out"] == rep["held_out"]
+    with pytest.raises(SwiftkError, match="other settings"):
+        train.train(eng, tmp_path / "f", tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
+    assert last[1] < first[1], rep["history"]   # the KL falls
+    # the CLI writes where generate(method="moa") looks, and the engine then finds it
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(text), "--tokens", "1000",
+                 "--steps", "3"]) == 0
+    e = swiftk.load(str(tiny_dir), persist=False)
+    assert e.drafter_path().is_file()
+    out = e.generate("w1 w2 w3", max_new_tokens=8, method="moa")
+    assert out.token_ids == e.generate("w1 w2 w3", max_new_tokens=8, method="autoregressive").token_ids
+    assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(tmp_path / "nope.txt")]) == 2
