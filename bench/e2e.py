@@ -44,12 +44,13 @@ import torch
 from swiftk.atomic import write_atomic as atomic_write
 from swiftk.errors import SwiftkError
 
-AR, COLD, WARM, SAVED, PAPER, NGRAM = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
-    "swiftk-ngram"
+AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
+    "swiftk-ngram", "swiftk-moa"
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
 SWIFT_METHODS = (COLD, WARM, SAVED, PAPER)
 PAPER_OPTIONS = {"speculate": "always", "ngram": False}
-DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, PAPER, NGRAM, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+# swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
 
@@ -259,12 +260,15 @@ def _count(items) -> dict:
     return out
 
 
-def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_hf: bool):
-    """Method names to run, in canonical order, with hf-ee expanded to one method per early-exit layer."""
+def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_hf: bool, drafters=None):
+    """Method names to run, in canonical order, with hf-ee expanded to one method per early-exit layer and
+    swiftk-moa to one per drafter label (``drafters``: label -> path; None: no drafter available)."""
     out = []
     for m in names:
         if m in ("hf-ee", "swiftk-ee"):
             out += [f"{m}{e}" for e in early_exit]
+        elif m == MOA:
+            out += [MOA if lb == "" else f"{MOA}-{lb}" for lb in (drafters or {})]
         elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
         elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED, PAPER, NGRAM):
@@ -424,6 +428,9 @@ def parse_args(argv=None):
     ap.add_argument("--early-exit", default=None, help="comma list of early-exit layers (default n/2, 3n/4)")
     ap.add_argument("--kvq", type=int, default=1, choices=[0, 1], help="KVQ cache for swiftk-ee (default 1, as swiftk)")
     ap.add_argument("--skip-set", default=None, help="skip set JSON for swift-saved")
+    ap.add_argument("--drafter", action="append", default=[], metavar="[LABEL=]PATH",
+                    help="MoA drafter for swiftk-moa (repeatable: one swiftk-moa-LABEL row each); default: the "
+                    "model's own (swiftk train-drafter)")
     ap.add_argument("--tune-passes", type=int, default=1,
                     help="passes of the tuning run that makes the swift-warm skip set (stops early once optimized)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on any mismatch with HF greedy")
@@ -473,7 +480,8 @@ def run(a) -> int:
               "--threads 1 suffers least", file=sys.stderr)
     L = eng.config.n_layers
     ee = ([int(x) for x in a.early_exit.split(",")] if a.early_exit else sorted({L // 2, (3 * L) // 4}))
-    methods = expand_methods(requested, L, ee, bool(a.skip_set), hf is not None)
+    drafters = _drafters(eng, a.drafter) if MOA in requested else {}
+    methods = expand_methods(requested, L, ee, bool(a.skip_set), hf is not None, drafters)
     reference = HF_GREEDY if HF_GREEDY in methods else (AR if AR in methods else None)
     dev = eng.device
     tag = f"{eng.identity.get('name') or Path(a.model).stem}_{a.dtype}_{device_kind(dev)}_{date:%Y%m%d-%H%M%S}"
@@ -492,6 +500,8 @@ def run(a) -> int:
             _swiftk_run(eng, wid, 8, method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
         elif m == NGRAM:
             _swiftk_run(eng, wid, 8, method="ngram")
+        elif m.startswith(MOA):
+            _moa_run(eng, drafters, m, wid, 8)
     hf_dead: dict = {}
     for m in methods:
         if m.startswith("hf-"):
@@ -528,6 +538,8 @@ def run(a) -> int:
                                     kvq=bool(a.kvq))
                 elif m == NGRAM:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram")
+                elif m.startswith(MOA):
+                    r = _moa_run(eng, drafters, m, it["ids"], a.max_new_tokens)
                 else:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states.get(m))
                 r.update(method=m, workload=w, prompt_id=it["id"], category=it["category"], stream_index=i)
@@ -570,6 +582,33 @@ def run(a) -> int:
     if mismatches:
         print(f"!! {len(mismatches)} MISMATCH(ES) vs {reference}", file=sys.stderr)
     return 1 if (a.strict and mismatches) else 0
+
+
+def _drafters(eng, specs) -> dict:
+    """--drafter [LABEL=]PATH list -> {label: path}; none given: {"": the model's own} when it has one."""
+    out = {}
+    for s in specs:
+        label, _, path = s.rpartition("=") if "=" in s else ("", "", s)
+        if not Path(path).is_file():
+            raise SwiftkError(f"--drafter {s}: no such file")
+        out[label] = path
+    if not out:
+        p = eng.drafter_path()
+        if p.is_file():
+            out[""] = str(p)
+        else:
+            print(f"!! swiftk-moa n/a: no drafter at {p} (swiftk train-drafter)", file=sys.stderr)
+    return out
+
+
+def _moa_run(eng, drafters, m, ids, max_new) -> dict:
+    """One swiftk-moa run with the drafter of its label (loaded before the clock starts)."""
+    path = drafters[m[len(MOA) + 1:]]
+    if (getattr(eng, "_moa_info", None) or {}).get("path") != path:
+        eng.load_drafter(path)
+    r = _swiftk_run(eng, ids, max_new, method="moa")
+    r["drafter"] = {k: eng.info()["drafter"][k] for k in ("tli", "lsa", "parameters")}
+    return r
 
 
 def _hf_call(hf, ids, max_new, m) -> dict:

@@ -1,6 +1,5 @@
 """The MoA drafter: train/generate consistency of the module, its file format, lossless decoding with it
 (greedy vs transformers and vs autoregressive), training and the CLI on a tiny model."""
-import json
 
 import pytest
 import torch
@@ -198,3 +197,24 @@ def test_train_extract_resume_and_cli(eng, tiny_dir, tmp_path, monkeypatch):
     out = e.generate("w1 w2 w3", max_new_tokens=8, method="moa")
     assert out.token_ids == e.generate("w1 w2 w3", max_new_tokens=8, method="autoregressive").token_ids
     assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(tmp_path / "nope.txt")]) == 2
+
+
+def test_gate_takes_plain_steps_when_the_drafter_cannot_pay(eng, tmp_path):
+    """The cost model prices MoA draft steps too: when verifying costs 50 steps nothing is drafted but probes."""
+    from swiftk.costs import CostModel
+
+    class Costs(CostModel):
+        def v(self, T):
+            return (self.step or 1.0) * (1.0 if T <= 1 else 50.0)
+
+    save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
+    eng.load_drafter(tmp_path / "d.safetensors")
+    ref = eng.generate(_prompt(), max_new_tokens=48, method="autoregressive").token_ids
+    saved, eng.costs = eng.costs, Costs(eng.model)
+    try:
+        out = eng.generate(_prompt(), max_new_tokens=48, method="moa", ngram=False)
+    finally:
+        eng.costs = saved
+    assert out.token_ids == ref
+    assert out.stats.plain_steps >= 0.8 * 48 and out.stats.drafted_tokens <= 12
+    assert out.stats.costs["moa_step_s"] is not None or out.stats.drafted_tokens == 0

@@ -18,7 +18,6 @@ Shapes in comments: B batch, T tokens, L target layers, E = 2 * n_kv_heads * hea
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
