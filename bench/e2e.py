@@ -604,7 +604,7 @@ def _drafters(eng, specs) -> dict:
 def _moa_run(eng, drafters, m, ids, max_new) -> dict:
     """One swiftk-moa run with the drafter of its label (loaded before the clock starts)."""
     path = drafters[m[len(MOA) + 1:]]
-    if (getattr(eng, "_moa_info", None) or {}).get("path") != path:
+    if (eng.info()["drafter"] or {}).get("path") != path:
         eng.load_drafter(path)
     r = _swiftk_run(eng, ids, max_new, method="moa")
     r["drafter"] = {k: eng.info()["drafter"][k] for k in ("tli", "lsa", "parameters")}

@@ -78,6 +78,7 @@ class Engine:
         self._draft_head = None        # (size, vocab.DraftHead): the reduced-vocabulary draft head, built once
         self._fixed_states: dict = {}  # fixed drafts (early exit, static sets, n-grams) learn their own statistics
         self._moa = None               # moa.MoARunner, loaded at the first method="moa" call (or now, if given)
+        self._moa_info = None
         if drafter is not None:
             self.load_drafter(drafter)
         if self.persist:
@@ -416,7 +417,7 @@ class Engine:
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
-                "costs": self.costs.to_dict(), "drafter": getattr(self, "_moa_info", None),
+                "costs": self.costs.to_dict(), "drafter": self._moa_info,
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},
                 "state": {"skip_set": skipset.to_layers(self.skip_set), "tokens_seen": self.state.tokens_seen,

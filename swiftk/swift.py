@@ -157,8 +157,10 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
                               else len(vals))
         if levels and moa is not None:
             costs.observe_moa(t_draft / len(levels))
+            draft_s = costs.moa_draft()
         elif levels:
             costs.observe_draft(draft_skip, t_draft / len(levels))
+            draft_s = costs.draft(draft_skip)
         t = timer.add("draft", t)
 
         if tree is None or tree.size == 1:
