@@ -80,6 +80,15 @@ def test_runs_to_the_context_limit(tiny_dir, method, kw):
     n = 200 - len(ids)
     out = eng.generate(ids, max_new_tokens=n, method=method, **kw)
     assert out.finish_reason == "length" and len(out.token_ids) == n
-    assert out.token_ids == eng.generate(ids, max_new_tokens=n, method="autoregressive").token_ids
+    ref = eng.generate(ids, max_new_tokens=n, method="autoregressive").token_ids
+    # This random model's greedy path meets an exact float tie at token 147 (top-2 logits 7e-7 apart; transformers
+    # itself picks the other token there): a verify pass of several tokens may round it the other way, depending
+    # on the tree shapes the timing-driven gate chose. Compare up to the first such tie, which must be far in.
+    logits = eng.logits(ids + ref)[len(ids) - 1:-1]
+    top2 = torch.topk(logits, 2).values
+    ties = ((top2[:, 0] - top2[:, 1]) < 1e-5).nonzero().flatten().tolist()
+    upto = ties[0] if ties else n
+    assert upto > n // 2
+    assert out.token_ids[:upto] == ref[:upto]
     with pytest.raises(swiftk.SwiftkError, match="exceeds the context"):
         eng.generate(ids, max_new_tokens=n + 1, method=method, **kw)
