@@ -606,8 +606,9 @@ def _moa_run(eng, drafters, m, ids, max_new) -> dict:
     path = drafters[m[len(MOA) + 1:]]
     if (eng.info()["drafter"] or {}).get("path") != path:
         eng.load_drafter(path)
+    info = eng.info()["drafter"]
     r = _swiftk_run(eng, ids, max_new, method="moa")
-    r["drafter"] = {k: eng.info()["drafter"][k] for k in ("tli", "lsa", "parameters")}
+    r["drafter"] = {k: info[k] for k in ("tli", "lsa", "parameters")}
     return r
 
 

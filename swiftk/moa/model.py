@@ -76,10 +76,13 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [..., T, h, hd] rotated by positions pos [..., T] (rotate-half convention)."""
+def rope_inv_freq(hd: int, theta: float) -> torch.Tensor:
+    return theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """x [..., T, h, hd] rotated by positions pos [..., T] (rotate-half convention, frequencies ``inv``)."""
     hd = x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
     ang = pos.to(torch.float32)[..., None] * inv                     # [..., T, hd/2]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :]
     sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :]
@@ -113,6 +116,8 @@ class MoADrafter(nn.Module):
         self.w_down = nn.Linear(c.mlp, d, bias=False)
         self.out_norm = nn.Parameter(torch.ones(d))
         self.out = nn.Linear(d, c.hidden, bias=False)
+        # RoPE frequencies of the drafter's heads: derived from the config, not stored in the file
+        self.register_buffer("inv_freq", rope_inv_freq(d // c.heads, c.rope_theta), persistent=False)
         for m in (self.sa_out, self.ca_out, self.w_down, self.lsa_out):
             nn.init.zeros_(m.weight)   # every block starts as the identity on its residual stream
 
@@ -136,7 +141,7 @@ class MoADrafter(nn.Module):
         c = self.cfg
         k, v = self.ca_kv(feats).chunk(2, -1)
         k = k.view(k.shape[:-1] + (c.heads, -1))
-        return rope(k, pos, c.rope_theta), v.view(v.shape[:-1] + (c.heads, -1))
+        return rope(k, pos, self.inv_freq), v.view(v.shape[:-1] + (c.heads, -1))
 
     # ---- token stream
     def sa_kv(self, emb: torch.Tensor, pos: torch.Tensor) -> tuple:
@@ -145,7 +150,7 @@ class MoADrafter(nn.Module):
         x = self.tok_in(emb)
         q, k, v = self.sa_qkv(rms(x, self.sa_norm)).chunk(3, -1)
         sh = lambda t: t.view(t.shape[:-1] + (c.heads, -1))  # noqa: E731
-        return x, rope(sh(q), pos, c.rope_theta), rope(sh(k), pos, c.rope_theta), sh(v)
+        return x, rope(sh(q), pos, self.inv_freq), rope(sh(k), pos, self.inv_freq), sh(v)
 
     def finish(self, x: torch.Tensor, sa_o: torch.Tensor, ca_k, ca_v, ca_mask, pos) -> torch.Tensor:
         """After self-attention: residual add, cross-attention to the LSA keys, MLP, output projection -> the
@@ -153,7 +158,7 @@ class MoADrafter(nn.Module):
         [..., T, S] bool."""
         c = self.cfg
         x = x + self.sa_out(sa_o)
-        q = rope(self.ca_q(rms(x, self.ca_norm)).view(x.shape[:-1] + (c.heads, -1)), pos, c.rope_theta)
+        q = rope(self.ca_q(rms(x, self.ca_norm)).view(x.shape[:-1] + (c.heads, -1)), pos, self.inv_freq)
         lead = ca_k.shape[:-3]
         sk = self.ca_sink[0].view(c.heads, -1).expand(lead + (1, c.heads, c.d // c.heads))
         sv = self.ca_sink[1].view(c.heads, -1).expand(lead + (1, c.heads, c.d // c.heads))

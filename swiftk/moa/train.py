@@ -43,7 +43,7 @@ class Frozen:
             raise SwiftkError("train the drafter on the float32 target (load without weights=...)")
         self.cfg, self.tli = c, tli
         self.embed = model.embed.clone()
-        self.lm_head = model.lm_head.clone()
+        self.lm_head = self.embed if model.lm_head is model.embed else model.lm_head.clone()  # tied: one copy
         self.norm = model.norm.clone()
         self.layers = [{k: (None if v is None else v.clone()) for k, v in vars(model.layers[i]).items()}
                        for i in range(c.n_layers - tli, c.n_layers)]
