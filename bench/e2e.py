@@ -47,9 +47,10 @@ from swiftk.errors import SwiftkError
 AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
     "swiftk-ngram", "swiftk-moa"
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
+AR_EAGER = "swiftk-ar-eager"   # autoregressive with the CUDA graphs off (CUDA only: the same as swiftk-ar elsewhere)
 SWIFT_METHODS = (COLD, WARM, SAVED, PAPER)
 PAPER_OPTIONS = {"speculate": "always", "ngram": False}
-DEFAULT_METHODS = (HF_GREEDY, AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
 # swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
@@ -271,7 +272,7 @@ def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_h
             out += [MOA if lb == "" else f"{MOA}-{lb}" for lb in (drafters or {})]
         elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
-        elif m in (HF_GREEDY, HF_PLD, AR, COLD, WARM, SAVED, PAPER, NGRAM):
+        elif m in (HF_GREEDY, HF_PLD, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM):
             out.append(m)
         else:
             raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)}, hf-ee<E> or swiftk-ee<E>")
@@ -482,6 +483,8 @@ def run(a) -> int:
     ee = ([int(x) for x in a.early_exit.split(",")] if a.early_exit else sorted({L // 2, (3 * L) // 4}))
     drafters = _drafters(eng, a.drafter) if MOA in requested else {}
     methods = expand_methods(requested, L, ee, bool(a.skip_set), hf is not None, drafters)
+    if eng.model.graphs is None:
+        methods = [m for m in methods if m != AR_EAGER]   # no graphs to set aside: it would be swiftk-ar again
     reference = HF_GREEDY if HF_GREEDY in methods else (AR if AR in methods else None)
     dev = eng.device
     tag = f"{eng.identity.get('name') or Path(a.model).stem}_{a.dtype}_{device_kind(dev)}_{date:%Y%m%d-%H%M%S}"
@@ -540,6 +543,8 @@ def run(a) -> int:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram")
                 elif m.startswith(MOA):
                     r = _moa_run(eng, drafters, m, it["ids"], a.max_new_tokens)
+                elif m == AR_EAGER:
+                    r = _eager_run(eng, it["ids"], a.max_new_tokens)
                 else:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states.get(m))
                 r.update(method=m, workload=w, prompt_id=it["id"], category=it["category"], stream_index=i)
@@ -599,6 +604,15 @@ def _drafters(eng, specs) -> dict:
         else:
             print(f"!! swiftk-moa n/a: no drafter at {p} (swiftk train-drafter)", file=sys.stderr)
     return out
+
+
+def _eager_run(eng, ids, max_new) -> dict:
+    """Autoregressive with the engine's CUDA graphs set aside for this call."""
+    graphs, eng.model.graphs = eng.model.graphs, None
+    try:
+        return _swiftk_run(eng, ids, max_new)
+    finally:
+        eng.model.graphs = graphs
 
 
 def _moa_run(eng, drafters, m, ids, max_new) -> dict:

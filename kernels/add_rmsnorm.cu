@@ -44,11 +44,14 @@ __global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(AddRmsNormParams 
 
 }  // namespace
 
+#ifndef __CUDACC_RTC__  // host launchers: the nvcc build only (NVRTC compiles the kernels alone)
 cudaError_t launch_add_rmsnorm(int dtype, const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   SWIFTK_DISPATCH_DTYPE(dtype, add_rmsnorm_kernel<scalar_t><<<static_cast<unsigned>(p.rows), kThreads, 0,
                                                               stream>>>(p));
   return cudaGetLastError();
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace swiftk

@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(kThreads) kv_commit_kernel(KvCommitParams p, i
   }
 }
 
+#ifndef __CUDACC_RTC__
 template <typename T>
 cudaError_t launch(const KvCommitParams& p, cudaStream_t stream) {
   const int64_t row_bytes = p.n * static_cast<int64_t>(sizeof(T));
@@ -48,12 +49,17 @@ cudaError_t launch(const KvCommitParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+#endif  // __CUDACC_RTC__
+
 }  // namespace
 
+#ifndef __CUDACC_RTC__  // host launchers: the nvcc build only (NVRTC compiles the kernels alone)
 cudaError_t launch_kv_commit(int dtype, const KvCommitParams& p, cudaStream_t stream) {
   if (p.n == 0 || p.L == 0 || p.KV == 0) return cudaSuccess;
   SWIFTK_DISPATCH_DTYPE(dtype, return launch<scalar_t>(p, stream));
   return cudaSuccess;
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace swiftk

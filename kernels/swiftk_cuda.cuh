@@ -1,9 +1,17 @@
 // Shared device helpers and the launcher declarations the C ABI (csrc/capi.cpp) calls.
 #pragma once
 
+#ifdef __CUDACC_RTC__
+// NVRTC (the CuPy backend, swiftk/ops/cupy_ops.py) has no host headers: the fixed-width types are all it needs.
+typedef signed char int8_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+#else
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
+#endif
 
 namespace swiftk {
 
@@ -38,10 +46,12 @@ struct AddRmsNormParams {
   float eps;
 };
 
+#ifndef __CUDACC_RTC__
 // dtype codes are swiftk_dtype values; each returns the launch's cudaError_t.
 cudaError_t launch_tree_attention(int dtype, const TreeAttnParams& p, cudaStream_t stream);
 cudaError_t launch_kv_commit(int dtype, const KvCommitParams& p, cudaStream_t stream);
 cudaError_t launch_add_rmsnorm(int dtype, const AddRmsNormParams& p, cudaStream_t stream);
+#endif
 
 // Shared memory budget of one kv_commit block (bytes); n * sizeof(dtype) must fit.
 constexpr int64_t kKvCommitSmemBytes = 32 * 1024;

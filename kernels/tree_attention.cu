@@ -92,11 +92,14 @@ __global__ void __launch_bounds__(kThreads) tree_attention_kernel(TreeAttnParams
 
 }  // namespace
 
+#ifndef __CUDACC_RTC__  // host launchers: the nvcc build only (NVRTC compiles the kernels alone)
 cudaError_t launch_tree_attention(int dtype, const TreeAttnParams& p, cudaStream_t stream) {
   if (p.T == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.T), static_cast<unsigned>(p.H));
   SWIFTK_DISPATCH_DTYPE(dtype, tree_attention_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(p));
   return cudaGetLastError();
 }
+
+#endif  // __CUDACC_RTC__
 
 }  // namespace swiftk

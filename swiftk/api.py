@@ -13,13 +13,14 @@ _lock = threading.Lock()
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         weights=None, drafter=None, **options) -> Engine:
+         weights=None, drafter=None, cuda_graphs=None, **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
     (all in ``dtype``), "bfloat16" or "int8" (CPU weight formats read by swiftk's matmul kernel, float32
     activations; a rounded target model, see swiftk.model.Model); ``drafter``: a trained MoA drafter file for
-    ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it)."""
+    ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
+    the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/graphs.py)."""
     from .loaders import load_checkpoint
 
     dev = resolve_device(device)       # validate before any download or load
@@ -29,7 +30,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     if model in _registry_names():
         ckpt.identity["name"] = model
     return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights,
-                  drafter=drafter, **options)
+                  drafter=drafter, cuda_graphs=cuda_graphs, **options)
 
 
 def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None, **kw):

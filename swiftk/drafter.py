@@ -31,7 +31,7 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sampler, gate, *, m
     for j in range(min(max_draft, max_spine)):
         pos.fill_(n + j)
         out = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary,
-                            head=head)
+                            head=head, start=n + j)
         hidden = None
         if boundary is not None:
             out, hidden = out

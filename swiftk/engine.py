@@ -44,12 +44,14 @@ def split_options(kw: dict) -> tuple:
 
 class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
-                 persist: Optional[bool] = None, weights: Optional[str] = None, drafter=None, **options):
+                 persist: Optional[bool] = None, weights: Optional[str] = None, drafter=None,
+                 cuda_graphs: Optional[bool] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
         ``weights``: None, "bfloat16" or "int8": a compressed CPU weight format (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
-        ``method="moa"`` (default: found by model name, see :meth:`drafter_path`)."""
+        ``method="moa"`` (default: found by model name, see :meth:`drafter_path`). ``cuda_graphs``: None (on for a
+        CUDA device, unless SWIFTK_CUDA_GRAPHS=0), True (CUDA only) or False."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.config = checkpoint.config
@@ -69,6 +71,16 @@ class Engine:
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
         self.max_context = max_context
         self.cache = self.model.new_cache(max_context + _SCRATCH)
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise SwiftkError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
+        if cuda_graphs and self.device.type != "cuda":
+            raise SwiftkError(f"cuda_graphs=True needs a CUDA device, got {self.device}")
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and os.environ.get("SWIFTK_CUDA_GRAPHS", "1") != "0"
+        if cuda_graphs:
+            from .graphs import GraphRunner
+
+            self.model.graphs = GraphRunner(self.model)
         self.costs = CostModel(self.model)
         self._lock = threading.RLock()
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
@@ -418,6 +430,7 @@ class Engine:
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
                 "costs": self.costs.to_dict(), "drafter": self._moa_info,
+                "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},
                 "state": {"skip_set": skipset.to_layers(self.skip_set), "tokens_seen": self.state.tokens_seen,

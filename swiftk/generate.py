@@ -251,7 +251,7 @@ def plain_step(model, cache, token: int, sampler: Sampler) -> int:
     dev = model.device
     n = cache.length
     pos = torch.tensor([n], device=dev)
-    logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache)
+    logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache, start=n)
     cache.length = n + 1
     sampler.release(n + 1)
     return sampler.pick(logits[0], n + 1)

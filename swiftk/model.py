@@ -242,6 +242,7 @@ class Model:
         self.scale = hd ** -0.5
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
+        self.graphs = None           # graphs.GraphRunner on CUDA (Engine(cuda_graphs=...)); None: every pass eager
         if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
@@ -273,10 +274,27 @@ class Model:
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None, *,
-                head=None, capture_layer: Optional[int] = None):
+                head=None, capture_layer: Optional[int] = None, start: Optional[int] = None):
         """Logits [T (or len(logits_idx)), vocab] float32 for T new tokens at ``positions``, KV written at ``slots``.
 
-        ``capture_layer=E`` also returns the residual entering layer E: (logits, h) (the KVQ exit state)."""
+        ``capture_layer=E`` also returns the residual entering layer E: (logits, h) (the KVQ exit state).
+        ``start``: the host's copy of the slot of a single causal token (``slots == [start]``), so the pass needs no
+        read-back of ``slots`` and a CUDA graph can serve it."""
+        if self.graphs is not None and logits_idx is None and capture_layer is None:
+            T = token_ids.shape[0]
+            if isinstance(attn_mask, TreeMask) and attn_mask.ancestors is not None:
+                out = self.graphs.forward(token_ids, positions, attn_mask.prefix_len, attn_mask.ancestors, cache,
+                                          skip, head)
+                if out is not None:
+                    return out
+            elif attn_mask is None and T == 1 and start is not None:
+                out = self.graphs.forward(token_ids, positions, start, None, cache, skip, head)
+                if out is not None:
+                    return out
+        if attn_mask is None and start is not None:
+            if token_ids.shape[0] != 1:
+                raise SwiftkError(f"start= describes a single token's slot, got {token_ids.shape[0]} tokens")
+            attn_mask = torch.ones(1, start + 1, dtype=torch.bool, device=self.device)   # every slot <= start
         h = self.embed[token_ids]                                      # residual stream [T, D]
         h, x, captured = self._layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
                                       capture_layer)

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 import swiftk.ops as ops_mod  # noqa: E402
 from swiftk.errors import SwiftkError  # noqa: E402
-from swiftk.ops import OP_NAMES, cuda_ops, describe, get_ops, reference, triton_ops  # noqa: E402
+from swiftk.ops import OP_NAMES, cuda_ops, cupy_ops, describe, get_ops, reference, triton_ops  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_cuda_device_falls_back_per_op(monkeypatch):
     """Extension ops where it has them, triton for the rest; torch when neither is there."""
     fake = {name: (lambda *a, _n=name: _n) for name in cuda_ops.CUDA_OPS}
     monkeypatch.setattr(cuda_ops, "available", lambda: (True, "ok"))
-    monkeypatch.setattr(cuda_ops, "make_ops", lambda fallback: dict(fake))
+    monkeypatch.setattr(cuda_ops, "make_ops", lambda fallback, ext=None: dict(fake))
     monkeypatch.setattr(triton_ops, "available", lambda: (True, "ok"))
     monkeypatch.setattr(triton_ops, "ops", lambda: {name: (lambda *a: "triton") for name in OP_NAMES})
     got = describe("cuda")
@@ -91,7 +91,34 @@ def test_cuda_device_falls_back_per_op(monkeypatch):
 
     ops_mod.clear_cache()
     monkeypatch.setattr(cuda_ops, "available", lambda: (False, "not built (test)"))
+    monkeypatch.setattr(cupy_ops, "available", lambda: (False, "no cupy (test)"))
     assert set(describe("cuda").values()) == {"torch"}
+
+
+def test_cupy_serves_the_cuda_kernels_without_the_extension(monkeypatch):
+    """No swiftk._C but CuPy: the same CUDA kernels through NVRTC; forced cupy without CuPy names why."""
+    seen = {}
+
+    def fake_make_ops(fallback, ext=None):
+        seen["ext"] = ext
+        return {name: (lambda *a, _n=name: _n) for name in cuda_ops.CUDA_OPS}
+
+    monkeypatch.setattr(cuda_ops, "available", lambda: (False, "not built (test)"))
+    monkeypatch.setattr(cupy_ops, "available", lambda: (True, "ok"))
+    monkeypatch.setattr(cuda_ops, "make_ops", fake_make_ops)
+    monkeypatch.setattr(triton_ops, "available", lambda: (False, "no triton (test)"))
+    got = describe("cuda")
+    assert got == {name: ("cupy" if name in cuda_ops.CUDA_OPS else "torch") for name in OP_NAMES}
+    assert seen["ext"] is cupy_ops.extension()
+
+    ops_mod.clear_cache()
+    monkeypatch.setenv("SWIFTK_BACKEND", "cupy")
+    monkeypatch.setattr(cupy_ops, "available", lambda: (False, "cupy cannot be imported (test)"))
+    with pytest.raises(SwiftkError, match="SWIFTK_BACKEND=cupy but cupy cannot be imported"):
+        get_ops("cuda")
+    ops_mod.clear_cache()
+    with pytest.raises(SwiftkError, match="cupy needs a CUDA device"):
+        get_ops("cpu")
 
 
 def _inputs():

@@ -1,7 +1,9 @@
 """CUDA extension swiftk._C vs the torch reference twins.
 
-GPU tests are marked ``gpu`` and skipped without a CUDA device or without the built extension. The argument-check
-test runs wherever the extension imports (it returns before touching the GPU).
+Every kernel test runs for both ways the same kernels/*.cu reach the GPU: the compiled extension (``cuda``) and
+CuPy's NVRTC (``cupy``, swiftk/ops/cupy_ops.py). GPU tests are marked ``gpu`` and skipped without a CUDA device,
+or for a backend that is missing (extension not built, CuPy not importable). The argument-check test runs wherever
+the extension imports (it returns before touching the GPU); its CuPy twin runs wherever CuPy imports.
 Tolerance per element: |cuda - reference| <= tol * (1 + |reference|), fp32 1e-4, fp16 5e-3, bf16 3e-2.
 """
 import math
@@ -9,16 +11,21 @@ import math
 import pytest
 import torch
 
-from swiftk.ops import cuda_ops, reference as R
+from swiftk.ops import cuda_ops, cupy_ops, reference as R
 
 EXT = cuda_ops.extension()
 needs_ext = pytest.mark.skipif(EXT is None, reason="swiftk._C not built")
+try:
+    import cupy  # noqa: F401
+    HAVE_CUPY = True
+except Exception:
+    HAVE_CUPY = False
 
 
 def gpu_test(f):
-    """Marked ``gpu``; skipped without a CUDA device or without the built extension."""
+    """Marked ``gpu``; skipped without a CUDA device (a missing backend skips in the ``cu`` fixture)."""
     f = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")(f)
-    return pytest.mark.gpu(needs_ext(f))
+    return pytest.mark.gpu(f)
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -32,13 +39,19 @@ def close(a, b, dtype, scale=1.0):
     assert ratio <= TOL[dtype] * scale, f"{ratio} > {TOL[dtype] * scale} ({dtype})"
 
 
-@pytest.fixture(scope="module")
-def cu():
+@pytest.fixture(scope="module", params=["cuda", "cupy"])
+def cu(request):
+    if request.param == "cuda" and EXT is None:
+        pytest.skip("swiftk._C not built")
+    if request.param == "cupy" and not HAVE_CUPY:
+        pytest.skip("cupy not importable")
+
     def no_fallback(name):
         def f(*a, **k):
             raise AssertionError(f"{name} fell back: inputs should be served by the CUDA kernel")
         return f
-    return cuda_ops.make_ops({name: no_fallback(name) for name in cuda_ops.CUDA_OPS})
+    ext = EXT if request.param == "cuda" else cupy_ops.extension()
+    return cuda_ops.make_ops({name: no_fallback(name) for name in cuda_ops.CUDA_OPS}, ext=ext)
 
 
 def tree_mask(T, g):
@@ -111,3 +124,48 @@ def test_fused_add_rmsnorm(cu, dtype, D):
         close(rk, rr, dtype)
         close(nk, nr, dtype, scale=4)
     close(cu["rmsnorm"](x, w, 1e-5), R.rmsnorm(x, w, 1e-5), dtype, scale=4)
+
+
+def test_cupy_entry_points_reject_bad_arguments():
+    """The CuPy twin of the extension checks its arguments like csrc/capi.cpp, before anything reaches CuPy."""
+    X = cupy_ops.extension()
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        X.tree_attention(1, 1, 1, 1, 1, 2, 3, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
+    with pytest.raises(ValueError, match="head_dim"):
+        X.tree_attention(1, 1, 1, 1, 1, 2, 2, 2, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        X.kv_commit(1, 1, 1, 2, 1, 1, 64, 0, 0, 0, 0, 99, 0)
+    with pytest.raises(ValueError, match="too many slots"):
+        X.kv_commit(1, 1, 1, 10_000, 1, 1, 64, 0, 0, 0, 0, X.FLOAT32, 0)
+    with pytest.raises(ValueError, match="new_residual"):
+        X.fused_add_rmsnorm(1, 1, 1, 0, 1, 0, 1, 64, 64, 64, 64, 64, 1e-6, X.FLOAT32, 0)
+
+
+def test_cupy_parameter_structs_match_the_c_layout(tmp_path):
+    """The NumPy records CuPy passes by value must have the C structs' field offsets and size (compiled here from
+    kernels/swiftk_cuda.cuh, its NVRTC branch, by the host compiler)."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    structs = {"TreeAttnParams": cupy_ops._dtypes()[0], "KvCommitParams": cupy_ops._dtypes()[1],
+               "AddRmsNormParams": cupy_ops._dtypes()[2]}
+    lines = ['#include <cstddef>', '#include <cstdio>', '#include "swiftk_cuda.cuh"', 'int main() {']
+    for name, dt in structs.items():
+        lines.append(f'  std::printf("{name} size %zu\\n", sizeof(swiftk::{name}));')
+        for f in dt.names:
+            lines.append(f'  std::printf("{name} {f} %zu\\n", offsetof(swiftk::{name}, {f}));')
+    lines.append('  return 0;\n}')
+    src = tmp_path / "layout.cpp"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run([cxx, "-std=c++17", "-D__CUDACC_RTC__", f"-I{cupy_ops._kernels_dir()}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    want = []
+    for name, dt in structs.items():
+        want.append(f"{name} size {dt.itemsize}")
+        want += [f"{name} {f} {dt.fields[f][1]}" for f in dt.names]
+    assert [g for g in got if g] == want

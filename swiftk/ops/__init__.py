@@ -1,12 +1,14 @@
 """Op dispatch: the runtime calls ops through the namespace returned by :func:`get_ops`.
 
-Per op the preference is cuda-extension > triton > torch, by device and availability:
+Per op the preference is cuda-extension > cupy > triton > torch, by device and availability:
 - CPU (and any non-CUDA device): torch. Triton only when forced with SWIFTK_BACKEND=triton, which needs the
   interpreter (TRITON_INTERPRET=1, set before the first kernel import).
-- CUDA: the swiftk._C kernels where built (tree_attention, kv_commit, fused_add_rmsnorm, rmsnorm), Triton for the
-  rest (or everything when the extension is missing), torch when Triton is missing too.
-SWIFTK_BACKEND=torch|triton|cuda forces a backend (``auto`` or unset = the rule above); a forced backend that is not
-usable raises SwiftkError naming why. Forced ``cuda`` still serves the ops the extension lacks with triton/torch.
+- CUDA: the swiftk._C kernels where built (tree_attention, kv_commit, fused_add_rmsnorm, rmsnorm), else the same
+  CUDA sources compiled at first use through CuPy/NVRTC (swiftk/ops/cupy_ops.py), Triton for the rest (or
+  everything when neither is there), torch when Triton is missing too.
+SWIFTK_BACKEND=torch|triton|cupy|cuda forces a backend (``auto`` or unset = the rule above); a forced backend that
+is not usable raises SwiftkError naming why. Forced ``cuda``/``cupy`` still serve the ops the kernels lack with
+triton/torch.
 :func:`describe` reports the choice (op -> backend) for ``swiftk info``.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from swiftk.errors import SwiftkError
 from . import reference
 
 OP_NAMES = ("rmsnorm", "fused_add_rmsnorm", "apply_rope", "swiglu", "attention", "tree_attention", "kv_commit")
-BACKENDS = ("torch", "triton", "cuda")
+BACKENDS = ("torch", "triton", "cupy", "cuda")
 ENV_VAR = "SWIFTK_BACKEND"
 
 _cache: dict = {}
@@ -77,22 +79,31 @@ def _select(dev: torch.device) -> tuple[dict, dict]:
             chosen.update({name: "triton" for name in tri})
         if req == "triton":
             return impl, chosen
-    if req == "cuda" or (req is None and dev.type == "cuda"):
-        from . import cuda_ops
+    if req in ("cuda", "cupy") or (req is None and dev.type == "cuda"):
+        from . import cuda_ops, cupy_ops
 
-        if req == "cuda":
+        if req in ("cuda", "cupy"):
             if dev.type != "cuda":
-                raise SwiftkError(f"{ENV_VAR}=cuda needs a CUDA device, got {dev}")
-            if "triton" not in chosen.values():  # not yet tried for the ops the extension lacks
+                raise SwiftkError(f"{ENV_VAR}={req} needs a CUDA device, got {dev}")
+            if "triton" not in chosen.values():  # not yet tried for the ops the kernels lack
                 tri = _triton_ops(dev, forced=False)
                 if tri is not None:
                     impl.update(tri)
                     chosen.update({name: "triton" for name in tri})
+        ext, name = None, None
         ok, why = cuda_ops.available()
-        if ok:
-            cu = cuda_ops.make_ops(fallback=dict(impl))
+        if ok and req != "cupy":
+            ext, name = cuda_ops.extension(), "cuda"
+        elif req in (None, "cupy"):
+            ok2, why2 = cupy_ops.available()
+            if ok2:
+                ext, name = cupy_ops.extension(), "cupy"
+            elif req == "cupy":
+                raise SwiftkError(f"{ENV_VAR}=cupy but {why2}")
+        if name is not None:
+            cu = cuda_ops.make_ops(fallback=dict(impl), ext=ext)
             impl.update(cu)
-            chosen.update({name: "cuda" for name in cu})
+            chosen.update({op: name for op in cu})
         elif req == "cuda":
             raise SwiftkError(f"{ENV_VAR}=cuda but {why}")
     return impl, chosen
@@ -110,7 +121,7 @@ def get_ops(device) -> SimpleNamespace:
     key = _key(device)
     if key not in _cache:
         impl, chosen = _select(key[0])
-        used = [b for b in ("cuda", "triton", "torch") if b in chosen.values()]
+        used = [b for b in ("cuda", "cupy", "triton", "torch") if b in chosen.values()]
         ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
         ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
         ns.rope_plan = _rope_planner(ns, tables=chosen["apply_rope"] == "torch")

@@ -52,9 +52,10 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def make_ops(fallback: dict[str, Callable]) -> dict[str, Callable]:
-    """op name -> CUDA wrapper; ``fallback`` holds the next backend's ops for inputs the kernels do not take."""
-    ext = extension()
+def make_ops(fallback: dict[str, Callable], ext=None) -> dict[str, Callable]:
+    """op name -> CUDA wrapper; ``fallback`` holds the next backend's ops for inputs the kernels do not take.
+    ``ext``: the entry points (default ``swiftk._C``; the CuPy backend passes its NVRTC-compiled twin)."""
+    ext = ext if ext is not None else extension()
     if ext is None:
         raise SwiftkError(available()[1])
 

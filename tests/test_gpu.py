@@ -1,0 +1,103 @@
+"""The decode loop on a CUDA device: CUDA graphs against eager passes, greedy output against transformers (float32)
+and against swiftk's own autoregressive decoding (bfloat16), every backend.
+
+All marked ``gpu`` and skipped without a CUDA device. Tolerances: logits of a graphed pass vs the same pass run
+eagerly, |diff| <= 1e-3 * (1 + |ref|) in float32 (the graph attends over a padded slot range: masked slots weigh
+exactly zero, but reduction lengths differ). Greedy output in bfloat16 may leave float32 transformers' at a near tie;
+it must equal swiftk's bfloat16 autoregressive output except where that output's own top-2 logits are within
+bfloat16 rounding (0.125 at these logit magnitudes), checked at the first difference.
+"""
+import pytest
+import torch
+
+import swiftk
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n\ndef mean(xs):",
+           "Write a haiku about the sea.", "for i in range(10):"]
+
+
+@pytest.fixture(scope="module")
+def cuda_engines(smollm2_path):
+    graphs = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=True)
+    eager = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=False)
+    return graphs, eager
+
+
+def _close(a, b, tol=1e-3):
+    ratio = ((a.float() - b.float()).abs() / (1 + b.float().abs())).max().item()
+    assert ratio <= tol, ratio
+
+
+def test_graphed_passes_equal_eager_passes(cuda_engines):
+    """Plain step, draft step (skip set, reduced-vocabulary head) and tree verify: graph replay == eager."""
+    from swiftk.tree import TreeMask
+
+    g_eng, e_eng = cuda_engines
+    ids = g_eng.tokenizer.encode(PROMPTS[0])
+    out = {}
+    for name, eng in (("graph", g_eng), ("eager", e_eng)):
+        m, cache = eng.model, eng.cache
+        n = len(ids)
+        ar = torch.arange(n, device="cuda")
+        m.forward(torch.tensor(ids, device="cuda"), ar, ar, cache)
+        cache.length = n
+        pos = torch.tensor([n], device="cuda")
+        step = m.forward(torch.tensor([ids[-1]], device="cuda"), pos, pos, cache, start=n)
+        skip = eng.skip_set_from_layers(attention=[3, 5, 7], mlp=[4, 6]).to("cuda")
+        draft = m.forward(torch.tensor([7], device="cuda"), pos, pos, cache, skip=skip, start=n)
+        anc = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                           dtype=torch.bool, device="cuda")
+        toks = torch.tensor([5, 9, 11, 13, 17], device="cuda")
+        verify = m.forward(toks, n + anc.sum(1) - 1, torch.arange(n, n + 5, device="cuda"), cache,
+                           attn_mask=TreeMask.of(n, anc))
+        out[name] = (step, draft, verify)
+    for a, b in zip(out["graph"], out["eager"]):
+        _close(a, b)
+    info = g_eng.model.graphs.info()
+    assert info["captured"] >= 3 and info["replayed"] >= 3 and info["capture_failed"] is None, info
+    assert e_eng.model.graphs is None
+
+
+@pytest.mark.parametrize("method", ["ar", "swift", "ngram"])
+def test_greedy_on_cuda_equals_transformers_float32(cuda_engines, smollm2_path, method):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name,
+                                                           dtype=torch.float32).to("cuda").eval()
+    g_eng, _ = cuda_engines
+    kw = {"speculate": "always"} if method == "swift" else {}
+    for p in PROMPTS[:3]:
+        ids = g_eng.tokenizer.encode(p)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids], device="cuda"), max_new_tokens=48, do_sample=False,
+                              pad_token_id=0)[0, len(ids):].tolist()
+        got = g_eng.generate(p, max_new_tokens=48, method=method, stop=[], **kw).token_ids
+        assert got == ref[:len(got)] and len(got) == len(ref), (p, method)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "cupy", "cuda"])
+def test_bfloat16_speculative_equals_bfloat16_autoregressive(smollm2_path, backend, monkeypatch):
+    """Every backend: SWIFT (forced drafting) and n-gram output == swiftk's own bfloat16 AR, up to near ties."""
+    from swiftk import ops
+    from swiftk.errors import SwiftkError
+
+    monkeypatch.setenv("SWIFTK_BACKEND", backend)
+    ops.clear_cache()
+    try:
+        eng = swiftk.load(str(smollm2_path), device="cuda", dtype="bfloat16")
+    except SwiftkError as e:
+        pytest.skip(f"backend {backend} not usable here: {e}")
+    assert backend in eng.info()["backends"].values() or backend == "torch"
+    for p in PROMPTS:
+        ar = eng.generate(p, max_new_tokens=64, method="ar", stop=[]).token_ids
+        for method, kw in (("swift", {"speculate": "always"}), ("ngram", {})):
+            got = eng.generate(p, max_new_tokens=64, method=method, stop=[], **kw).token_ids
+            if got == ar:
+                continue
+            i = next(k for k, (a, b) in enumerate(zip(got, ar)) if a != b)
+            ids = eng.tokenizer.encode(p) + ar[:i]
+            logits = eng.logits(ids)[-1].float()
+            top2 = torch.topk(logits, 2).values
+            assert (top2[0] - top2[1]).item() <= 0.125, (backend, method, p, i, top2.tolist())
+    ops.clear_cache()
