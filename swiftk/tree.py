@@ -194,17 +194,23 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
         tokens, score = [tokens[i] for i in keep], [score[i] for i in keep]
         source, prob = [source[i] for i in keep], [prob[i] for i in keep]
         n_spine = sum(1 for i in keep if i < n_spine)
-    par = torch.tensor(parents, dtype=torch.long, device=device)
+    # Built on the host (a few dozen tiny ops: on a GPU each would be a kernel launch), then moved in 4 copies.
+    # A one-node tree is never verified (the loop takes a plain step): it stays on the host.
+    par = torch.tensor(parents, dtype=torch.long)
     anc = ancestor_matrix(par)
+    ptd = torch.stack([par, torch.tensor(tokens, dtype=torch.long), anc.sum(1) - 1])   # parents, tokens, depth
+    bits = pack_tree_mask(anc)
+    dev = torch.device(device)
+    if dev.type != "cpu" and len(parents) > 1:
+        ptd, anc, bits = ptd.to(dev), anc.to(dev), bits.to(dev)
     draft_probs = None
     if levels and levels[0].dist is not None:
         V = levels[0].dist.shape[-1]
-        draft_probs = torch.zeros(len(parents), V, dtype=torch.float32, device=device)
+        draft_probs = torch.zeros(len(parents), V, dtype=torch.float32, device=ptd.device)
         for j in range(min(len(levels), n_spine)):
             draft_probs[j] = levels[j].dist
-    return Tree(parents=par, tokens=torch.tensor(tokens, dtype=torch.long, device=device), depth=anc.sum(1) - 1,
-                mask=TreeMask.of(prefix_len, anc), draft_probs=draft_probs, n_spine=n_spine, source=source,
-                value=[math.exp(s) for s in score], prob=prob)
+    return Tree(parents=ptd[0], tokens=ptd[1], depth=ptd[2], mask=TreeMask(prefix_len, bits, anc),
+                draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob)
 
 
 def _add_chain(parents, tokens, score, source, prob, chain, probs) -> None:

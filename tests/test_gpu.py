@@ -5,7 +5,9 @@ All marked ``gpu`` and skipped without a CUDA device. Tolerances: logits of a gr
 eagerly, |diff| <= 1e-3 * (1 + |ref|) in float32 (the graph attends over a padded slot range: masked slots weigh
 exactly zero, but reduction lengths differ). Greedy output in bfloat16 may leave float32 transformers' at a near tie;
 it must equal swiftk's bfloat16 autoregressive output except where that output's own top-2 logits are within
-bfloat16 rounding (0.125 at these logit magnitudes), checked at the first difference.
+bfloat16 rounding (two units in the last place at the top logit's magnitude: 0.5 for logits in [32, 64)), checked at
+the first difference: a verify pass of T tokens and a step of one run different matmul tilings, so their bfloat16
+roundings differ, and a near tie can go either way.
 """
 import pytest
 import torch
@@ -60,7 +62,7 @@ def test_graphed_passes_equal_eager_passes(cuda_engines):
     assert e_eng.model.graphs is None
 
 
-@pytest.mark.parametrize("method", ["ar", "swift", "ngram"])
+@pytest.mark.parametrize("method", ["autoregressive", "swift", "ngram"])
 def test_greedy_on_cuda_equals_transformers_float32(cuda_engines, smollm2_path, method):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), gguf_file=smollm2_path.name,
@@ -90,7 +92,7 @@ def test_bfloat16_speculative_equals_bfloat16_autoregressive(smollm2_path, backe
         pytest.skip(f"backend {backend} not usable here: {e}")
     assert backend in eng.info()["backends"].values() or backend == "torch"
     for p in PROMPTS:
-        ar = eng.generate(p, max_new_tokens=64, method="ar", stop=[]).token_ids
+        ar = eng.generate(p, max_new_tokens=64, method="autoregressive", stop=[]).token_ids
         for method, kw in (("swift", {"speculate": "always"}), ("ngram", {})):
             got = eng.generate(p, max_new_tokens=64, method=method, stop=[], **kw).token_ids
             if got == ar:
@@ -99,5 +101,6 @@ def test_bfloat16_speculative_equals_bfloat16_autoregressive(smollm2_path, backe
             ids = eng.tokenizer.encode(p) + ar[:i]
             logits = eng.logits(ids)[-1].float()
             top2 = torch.topk(logits, 2).values
-            assert (top2[0] - top2[1]).item() <= 0.125, (backend, method, p, i, top2.tolist())
+            ulp = 2.0 ** (torch.floor(torch.log2(top2[0].abs())).item() - 7)   # bfloat16: 8 significant bits
+            assert (top2[0] - top2[1]).item() <= 2 * ulp, (backend, method, p, i, top2.tolist())
     ops.clear_cache()

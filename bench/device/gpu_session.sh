@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call's work, in stages: bash bench/device/gpu_session.sh STAGE... (setup tests bench micro profile).
+# One GPU call's work, in stages: bash bench/device/gpu_session.sh STAGE... (setup tests tests-triton bench micro profile loop).
 # Run on the lent box from the repo root after the model pieces are in /tmp/swiftk_parts (README.md in this
 # folder). Everything worth keeping goes under $OUT (at most 8 files come back: logs are appended to a few).
 set -u
@@ -51,6 +51,10 @@ for stage in "$@"; do
     profile)
       log profile
       timeout 200 python3 bench/device/profile_step.py --model "$MODEL" --out "$OUT/profile.txt" 2>&1 | tail -30 | tee -a "$OUT/session.log"
+      ;;
+    loop)
+      log loop
+      timeout 200 python3 bench/device/profile_loop.py --model "$MODEL" --out "$OUT/loop.txt" 2>&1 | head -60 | tee -a "$OUT/session.log"
       ;;
     *) echo "unknown stage $stage" | tee -a "$OUT/session.log" ;;
   esac
