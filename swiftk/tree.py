@@ -187,6 +187,10 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     keep_n = min(N, max_nodes)
     if choose_size is not None:
         keep_n = max(1, min(keep_n, choose_size([math.exp(score[i]) for i in order[1:keep_n]]) + 1))
+    if keep_n == 1:   # nothing worth verifying: the loop takes a plain step, so skip the tensors
+        return Tree(parents=_ROOT_ONLY[0], tokens=torch.tensor([root_token]), depth=_ROOT_ONLY[1],
+                    mask=TreeMask(prefix_len, _ROOT_ONLY[2], _ROOT_ONLY[3]), draft_probs=None, n_spine=1,
+                    source=[ROOT], value=[1.0], prob=[1.0])
     if keep_n < N:
         keep = sorted(order[:keep_n])
         remap = {old: new for new, old in enumerate(keep)}
@@ -211,6 +215,11 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
             draft_probs[j] = levels[j].dist
     return Tree(parents=ptd[0], tokens=ptd[1], depth=ptd[2], mask=TreeMask(prefix_len, bits, anc),
                 draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob)
+
+
+# A one-node tree's tensors (host; never verified): parents, depth, packed bits, ancestors.
+_ROOT_ONLY = (torch.tensor([-1]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.int32),
+              torch.ones(1, 1, dtype=torch.bool))
 
 
 def _add_chain(parents, tokens, score, source, prob, chain, probs) -> None:

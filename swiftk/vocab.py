@@ -130,7 +130,9 @@ class DraftHead:
         self._w = torch.empty((capacity, D), dtype=lm_head.q.dtype if quant else lm_head.dtype, device=lm_head.device)
         self._s = torch.empty(capacity, dtype=torch.float32, device=lm_head.device) if quant else None
         self._ids = torch.empty(capacity, dtype=torch.long, device=lm_head.device)
-        self._member = torch.zeros(V, dtype=torch.bool, device=lm_head.device)  # id -> in the subset
+        # Membership on the host: add() runs every round, and on a GPU a device-side test would be several
+        # launches and syncs for (usually) nothing new.
+        self._members: set = set()
         self._n = 0
         self.add(base_ids)
 
@@ -143,27 +145,26 @@ class DraftHead:
 
     def add(self, token_ids) -> None:
         """Make sure these ids are in the subset; ids already there are ignored."""
-        t = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).to(self._member.device)
-        if t.numel() == 0:
+        ids = token_ids.reshape(-1).tolist() if isinstance(token_ids, torch.Tensor) else list(token_ids)
+        fresh = sorted({int(i) for i in ids} - self._members)   # a set: an id repeated in one call takes one slot
+        if not fresh:
             return
-        if int(t.min()) < 0 or int(t.max()) >= self.vocab_size:
+        if fresh[0] < 0 or fresh[-1] >= self.vocab_size:
             raise SwiftkError(f"token id out of range 0..{self.vocab_size - 1}")
-        new = torch.unique(t[~self._member[t]])  # unique: an id repeated in one call takes one slot
-        m = new.numel()
-        if m == 0:
-            return
+        m = len(fresh)
         if self._n + m > self.capacity:
             raise SwiftkError(
                 f"draft vocabulary is full: {self._n} ids + {m} new > capacity {self.capacity}; "
                 "create the DraftHead with a larger capacity"
             )
+        new = torch.tensor(fresh, dtype=torch.long, device=self._ids.device)
         rows = self.lm_head[new]
         if self._s is not None:
             self._w[self._n : self._n + m], self._s[self._n : self._n + m] = rows.q, rows.scale
         else:
             self._w[self._n : self._n + m] = rows
         self._ids[self._n : self._n + m] = new
-        self._member[new] = True
+        self._members.update(fresh)
         self._n += m
 
     @property
@@ -173,7 +174,7 @@ class DraftHead:
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` ids (e.g. the frequent base set) and forget the rest (the last call's context)."""
         n = max(0, min(n, self._n))
-        self._member[self._ids[n : self._n]] = False
+        self._members.difference_update(self._ids[n : self._n].tolist())
         self._n = n
 
     @property
@@ -193,4 +194,4 @@ class DraftHead:
         return out
 
     def nbytes(self) -> int:
-        return sum(nbytes(t) for t in (self._w, self._ids, self._member) + ((self._s,) if self._s is not None else ()))
+        return sum(nbytes(t) for t in (self._w, self._ids) + ((self._s,) if self._s is not None else ()))
