@@ -42,7 +42,7 @@ SHAPES = {
                                       rope_theta=1000000.0, max_position=32768, tie_embeddings=True,
                                       qkv_bias=True, name="qwen2.5-coder-0.5b"),
 }
-BACKENDS = ("torch", "triton", "cuda")
+BACKENDS = ("torch", "triton", "cupy", "cuda")
 CONTEXT = 512     # committed tokens the decode / draft / verify benchmarks attend to
 TREE = 16         # verify-pass tokens
 WINDOW = 32       # matchness context window (paper default)
@@ -73,14 +73,19 @@ def backend_ops(name: str) -> SimpleNamespace:
         if not ok:
             pytest.skip(f"triton unusable: {why}")
         return ns("triton", triton_ops.ops(), "triton")
-    from swiftk.ops import cuda_ops
+    from swiftk.ops import cuda_ops, cupy_ops
 
-    ok_c, why_c = cuda_ops.available()
+    if name == "cupy":   # the same kernels/*.cu through NVRTC
+        ok_c, why_c = cupy_ops.available()
+        ext = cupy_ops.extension() if ok_c else None
+    else:
+        ok_c, why_c = cuda_ops.available()
+        ext = None
     if not ok_c:
-        pytest.skip(f"cuda extension unusable: {why_c}")
+        pytest.skip(f"{name} unusable: {why_c}")
     if ok:
         ns("triton", triton_ops.ops(), "triton")
-    return ns("cuda", cuda_ops.make_ops(fallback=dict(impl)), "cuda")
+    return ns(name, cuda_ops.make_ops(fallback=dict(impl), ext=ext), name)
 
 
 def random_tensors(cfg: ModelConfig, seed: int = 0) -> dict:

@@ -41,11 +41,16 @@ for stage in "$@"; do
         --out /tmp/bench 2>&1 | tail -40 | tee -a "$OUT/session.log"
       tar czf "$OUT/bench.tgz" -C /tmp/bench . && ls -la /tmp/bench | tee -a "$OUT/session.log"
       ;;
-    micro)
+    micro)   # per-op and per-pass microbenchmarks, every backend (parametrized inside), both model shapes
       log micro
-      for b in torch triton cupy cuda; do
-        SWIFTK_BACKEND=$b timeout 150 python3 -m pytest -q bench/test_micro.py --benchmark-only \
-          --benchmark-json="$OUT/micro_$b.json" -p no:cacheprovider 2>&1 | tail -4 | tee -a "$OUT/session.log"
+      timeout 300 python3 -m pytest -q bench/test_micro.py --benchmark-only --benchmark-columns=min,median,rounds \
+        --benchmark-json="$OUT/micro.json" -p no:cacheprovider -k "${MICRO_K:-decode_step or draft_step or verify_pass or attention or fused_add}" \
+        2>&1 | tail -70 | tee -a "$OUT/session.log"
+      ;;
+    random)  # pass costs with random weights of both shapes (no model file needed)
+      log random
+      for m in smollm2-135m qwen2.5-coder-0.5b; do
+        timeout 150 python3 bench/device/profile_step.py --model $m --random --out "$OUT/profile_$m.txt" 2>&1 | head -22 | tee -a "$OUT/session.log"
       done
       ;;
     profile)

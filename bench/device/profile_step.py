@@ -1,18 +1,20 @@
 """What one pass costs on a CUDA device: plain step, draft step, verify pass, eager vs CUDA graphs, against the
 weight-bandwidth roofline; plus the torch profiler's view of one eager step (kernel count, GPU busy time).
 
-python bench/device/profile_step.py --model smollm2-135m [--dtype bfloat16] --out profile.txt
+python bench/device/profile_step.py --model smollm2-135m [--dtype bfloat16] [--random] --out profile.txt
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from types import SimpleNamespace
 
 import torch
 
 import swiftk
 from bench.e2e import copy_bandwidth
+from swiftk import skipset
 from swiftk.tree import TreeMask
 
 
@@ -32,9 +34,22 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--random", action="store_true", help="random weights of the model's shape (no model file)")
     a = ap.parse_args()
-    eng = swiftk.load(a.model, device="cuda", dtype=a.dtype, persist=False)
-    m, cache = eng.model, eng.cache
+    if a.random:   # the model's shape with random weights (bench/conftest.py): no file to carry to the box
+        from bench.conftest import SHAPES, random_tensors
+        from swiftk.graphs import GraphRunner
+        from swiftk.model import Model, resolve_dtype
+
+        cfg = SHAPES[a.model]
+        m = Model(cfg, random_tensors(cfg), device="cuda", dtype=resolve_dtype(a.dtype))
+        m.graphs = GraphRunner(m)
+        cache = m.new_cache(4096)
+        eng = SimpleNamespace(config=cfg, skip_set_from_layers=lambda attention, mlp: skipset.from_layers(
+            cfg.n_layers, attention, mlp))
+    else:
+        eng = swiftk.load(a.model, device="cuda", dtype=a.dtype, persist=False)
+        m, cache = eng.model, eng.cache
     n = 300
     ids = torch.randint(0, eng.config.vocab_size, (n,), device="cuda")
     ar = torch.arange(n, device="cuda")

@@ -25,7 +25,7 @@ def available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "torch sees no CUDA device"
     try:
-        import cupy  # noqa: F401
+        import cupy  # noqa: F401  (importable is the test)
     except Exception as e:   # ImportError, or a CuPy built for another CUDA raising at import
         return False, f"cupy cannot be imported ({type(e).__name__}: {e})"
     return True, "ok"
