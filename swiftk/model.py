@@ -146,6 +146,8 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         return x @ w.T
     T = x.shape[0]
+    if T == 0:   # no rows asked for (e.g. logits_idx empty): the kernel takes none
+        return x.new_empty(0, w.shape[0])
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
     # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.
