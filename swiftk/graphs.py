@@ -111,7 +111,7 @@ class GraphRunner:
             if start + Tb > Sb:
                 return self._eager("padded bucket past the cache end")
         skip_key = None if skip is None else tuple(self.model._skip_flags(skip))
-        key = (id(cache), cache.data.data_ptr(), Tb, Sb, skip_key, head is None)
+        key = (id(cache), cache.data.data_ptr(), tuple(cache.data.shape), Tb, Sb, skip_key, head is None)
         g = self._graphs.get(key)
         if g is None:
             if self.stats["capture_failed"] is not None:

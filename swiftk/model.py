@@ -282,20 +282,20 @@ class Model:
         ``capture_layer=E`` also returns the residual entering layer E: (logits, h) (the KVQ exit state).
         ``start``: the host's copy of the slot of a single causal token (``slots == [start]``), so the pass needs no
         read-back of ``slots`` and a CUDA graph can serve it."""
+        if start is not None and token_ids.shape[0] != 1:
+            raise SwiftkError(f"start= describes a single token's slot, got {token_ids.shape[0]} tokens")
         if self.graphs is not None and logits_idx is None and capture_layer is None:
-            T = token_ids.shape[0]
+            # (first slot, ancestor matrix) of a pass of the form graphs.py replays; anything else runs eagerly
+            form = None
             if isinstance(attn_mask, TreeMask) and attn_mask.ancestors is not None:
-                out = self.graphs.forward(token_ids, positions, attn_mask.prefix_len, attn_mask.ancestors, cache,
-                                          skip, head)
-                if out is not None:
-                    return out
-            elif attn_mask is None and T == 1 and start is not None:
-                out = self.graphs.forward(token_ids, positions, start, None, cache, skip, head)
+                form = (attn_mask.prefix_len, attn_mask.ancestors)
+            elif attn_mask is None and start is not None:
+                form = (start, None)
+            if form is not None:
+                out = self.graphs.forward(token_ids, positions, *form, cache, skip, head)
                 if out is not None:
                     return out
         if attn_mask is None and start is not None:
-            if token_ids.shape[0] != 1:
-                raise SwiftkError(f"start= describes a single token's slot, got {token_ids.shape[0]} tokens")
             attn_mask = torch.ones(1, start + 1, dtype=torch.bool, device=self.device)   # every slot <= start
         h = self.embed[token_ids]                                      # residual stream [T, D]
         h, x, captured = self._layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
