@@ -58,15 +58,11 @@ def backend_ops(name: str) -> SimpleNamespace:
     chosen = {n: "torch" for n in OP_NAMES}  # the runtime reads ops.backends (e.g. to pick the tree-mask path)
 
     def ns(label, extra=None, which=None):
-        from swiftk.ops import _rope_planner, _tree_attend_planner
+        from swiftk.ops import namespace
 
         impl.update(extra or {})
         chosen.update({n: which for n in (extra or {})})
-        out = SimpleNamespace(name=label, backends=dict(chosen), **impl)
-        # the per-pass planners the runtime asks for, as swiftk.ops.get_ops builds them
-        out.tree_attend = _tree_attend_planner(out, dense=chosen["tree_attention"] == "torch")
-        out.rope_plan = _rope_planner(out, tables=chosen["apply_rope"] == "torch")
-        return out
+        return namespace(impl, chosen)
 
     if name == "torch":
         return ns("torch")

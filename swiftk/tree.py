@@ -187,10 +187,10 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     keep_n = min(N, max_nodes)
     if choose_size is not None:
         keep_n = max(1, min(keep_n, choose_size([math.exp(score[i]) for i in order[1:keep_n]]) + 1))
-    if keep_n == 1:   # nothing worth verifying: the loop takes a plain step, so skip the tensors
-        return Tree(parents=_ROOT_ONLY[0], tokens=torch.tensor([root_token]), depth=_ROOT_ONLY[1],
-                    mask=TreeMask(prefix_len, _ROOT_ONLY[2], _ROOT_ONLY[3]), draft_probs=None, n_spine=1,
-                    source=[ROOT], value=[1.0], prob=[1.0])
+    if keep_n == 1:   # nothing worth verifying (the loop takes a plain step): a host-side root, no tree tensors
+        return Tree(parents=torch.tensor([-1]), tokens=torch.tensor([root_token]), depth=torch.tensor([0]),
+                    mask=TreeMask(prefix_len, torch.ones(1, 1, dtype=torch.int32), torch.ones(1, 1, dtype=torch.bool)),
+                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0])
     if keep_n < N:
         keep = sorted(order[:keep_n])
         remap = {old: new for new, old in enumerate(keep)}
@@ -198,14 +198,13 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
         tokens, score = [tokens[i] for i in keep], [score[i] for i in keep]
         source, prob = [source[i] for i in keep], [prob[i] for i in keep]
         n_spine = sum(1 for i in keep if i < n_spine)
-    # Built on the host (a few dozen tiny ops: on a GPU each would be a kernel launch), then moved in 4 copies.
-    # A one-node tree is never verified (the loop takes a plain step): it stays on the host.
+    # Built on the host (a few dozen tiny ops: on a GPU each would be a kernel launch), then moved in 3 copies.
     par = torch.tensor(parents, dtype=torch.long)
     anc = ancestor_matrix(par)
     ptd = torch.stack([par, torch.tensor(tokens, dtype=torch.long), anc.sum(1) - 1])   # parents, tokens, depth
     bits = pack_tree_mask(anc)
     dev = torch.device(device)
-    if dev.type != "cpu" and len(parents) > 1:
+    if dev.type != "cpu":
         ptd, anc, bits = ptd.to(dev), anc.to(dev), bits.to(dev)
     draft_probs = None
     if levels and levels[0].dist is not None:
@@ -216,10 +215,6 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     return Tree(parents=ptd[0], tokens=ptd[1], depth=ptd[2], mask=TreeMask(prefix_len, bits, anc),
                 draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob)
 
-
-# A one-node tree's tensors (host; never verified): parents, depth, packed bits, ancestors.
-_ROOT_ONLY = (torch.tensor([-1]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.int32),
-              torch.ones(1, 1, dtype=torch.bool))
 
 
 def _add_chain(parents, tokens, score, source, prob, chain, probs) -> None:

@@ -2,8 +2,8 @@
 
 Every kernel test runs for both ways the same kernels/*.cu reach the GPU: the compiled extension (``cuda``) and
 CuPy's NVRTC (``cupy``, swiftk/ops/cupy_ops.py). GPU tests are marked ``gpu`` and skipped without a CUDA device,
-or for a backend that is missing (extension not built, CuPy not importable). The argument-check test runs wherever
-the extension imports (it returns before touching the GPU); its CuPy twin runs wherever CuPy imports.
+or for a backend that is missing (extension not built, CuPy not importable). The argument-check test runs for the
+extension wherever it imports and for the CuPy twin everywhere (its checks come before any CuPy call).
 Tolerance per element: |cuda - reference| <= tol * (1 + |reference|), fp32 1e-4, fp16 5e-3, bf16 3e-2.
 """
 import math
@@ -14,9 +14,8 @@ import torch
 from swiftk.ops import cuda_ops, cupy_ops, reference as R
 
 EXT = cuda_ops.extension()
-needs_ext = pytest.mark.skipif(EXT is None, reason="swiftk._C not built")
 try:
-    import cupy  # noqa: F401
+    import cupy  # noqa: F401  (importable decides whether the cupy backend is tested)
     HAVE_CUPY = True
 except Exception:
     HAVE_CUPY = False
@@ -63,16 +62,21 @@ def tree_mask(T, g):
     return m
 
 
-@needs_ext
-def test_c_abi_rejects_bad_arguments():
+@pytest.mark.parametrize("backend", ["cuda", "cupy"])
+def test_entry_points_reject_bad_arguments(backend):
+    """The C ABI (swiftk._C) and its CuPy twin check arguments alike, before anything reaches the GPU (the CuPy
+    twin's checks need no CuPy)."""
+    if backend == "cuda" and EXT is None:
+        pytest.skip("swiftk._C not built")
+    X = EXT if backend == "cuda" else cupy_ops.extension()
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        EXT.tree_attention(1, 1, 1, 1, 1, 2, 3, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, EXT.FLOAT32, 0)
+        X.tree_attention(1, 1, 1, 1, 1, 2, 3, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
     with pytest.raises(ValueError, match="head_dim"):
-        EXT.tree_attention(1, 1, 1, 1, 1, 2, 2, 2, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, EXT.FLOAT32, 0)
+        X.tree_attention(1, 1, 1, 1, 1, 2, 2, 2, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
     with pytest.raises(ValueError, match="dtype"):
-        EXT.kv_commit(1, 1, 1, 2, 1, 1, 64, 0, 0, 0, 0, 99, 0)
+        X.kv_commit(1, 1, 1, 2, 1, 1, 64, 0, 0, 0, 0, 99, 0)
     with pytest.raises(ValueError, match="new_residual"):
-        EXT.fused_add_rmsnorm(1, 1, 1, 0, 1, 0, 1, 64, 64, 64, 64, 64, 1e-6, EXT.FLOAT32, 0)
+        X.fused_add_rmsnorm(1, 1, 1, 0, 1, 0, 1, 64, 64, 64, 64, 64, 1e-6, X.FLOAT32, 0)
 
 
 @gpu_test
@@ -126,19 +130,10 @@ def test_fused_add_rmsnorm(cu, dtype, D):
     close(cu["rmsnorm"](x, w, 1e-5), R.rmsnorm(x, w, 1e-5), dtype, scale=4)
 
 
-def test_cupy_entry_points_reject_bad_arguments():
-    """The CuPy twin of the extension checks its arguments like csrc/capi.cpp, before anything reaches CuPy."""
+def test_cupy_kv_commit_rejects_a_commit_past_its_shared_memory():
     X = cupy_ops.extension()
-    with pytest.raises(ValueError, match="multiple of kv heads"):
-        X.tree_attention(1, 1, 1, 1, 1, 2, 3, 2, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
-    with pytest.raises(ValueError, match="head_dim"):
-        X.tree_attention(1, 1, 1, 1, 1, 2, 2, 2, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1.0, X.FLOAT32, 0)
-    with pytest.raises(ValueError, match="dtype"):
-        X.kv_commit(1, 1, 1, 2, 1, 1, 64, 0, 0, 0, 0, 99, 0)
     with pytest.raises(ValueError, match="too many slots"):
         X.kv_commit(1, 1, 1, 10_000, 1, 1, 64, 0, 0, 0, 0, X.FLOAT32, 0)
-    with pytest.raises(ValueError, match="new_residual"):
-        X.fused_add_rmsnorm(1, 1, 1, 0, 1, 0, 1, 64, 64, 64, 64, 64, 1e-6, X.FLOAT32, 0)
 
 
 def test_cupy_parameter_structs_match_the_c_layout(tmp_path):

@@ -120,13 +120,18 @@ def get_ops(device) -> SimpleNamespace:
     """Namespace of ops by name for ``device``, plus ``name`` (backend, or 'a+b' when mixed) and ``backends``."""
     key = _key(device)
     if key not in _cache:
-        impl, chosen = _select(key[0])
-        used = [b for b in ("cuda", "cupy", "triton", "torch") if b in chosen.values()]
-        ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
-        ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
-        ns.rope_plan = _rope_planner(ns, tables=chosen["apply_rope"] == "torch")
-        _cache[key] = ns
+        _cache[key] = namespace(*_select(key[0]))
     return _cache[key]
+
+
+def namespace(impl: dict, chosen: dict) -> SimpleNamespace:
+    """The namespace the runtime calls (op name -> implementation, ``chosen``: op name -> backend name) with its
+    per-pass planners; benchmarks build one per backend with it."""
+    used = [b for b in ("cuda", "cupy", "triton", "torch") if b in chosen.values()]
+    ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
+    ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
+    ns.rope_plan = _rope_planner(ns, tables=chosen["apply_rope"] == "torch")
+    return ns
 
 
 def _tree_attend_planner(ops, dense: bool):
