@@ -9,7 +9,7 @@ the last ``context_window`` generated tokens, drafter.matchness) and reports it 
 
 Winner's curse: a set that scored well on one easy window is not better. A candidate that beats the incumbent
 becomes a *challenger* and is scored again, together with the incumbent, on the next ``rescore - 1`` windows; it
-replaces the incumbent only if its mean over those windows is higher.
+replaces the incumbent only if its mean over those windows (not the one it was found on) is higher.
 
 Candidates come from random search and, every ``bayes_interval`` steps, from Bayesian optimization (a
 ``bayesian-optimization`` UCB acquisition, kappa 2.5, over a scikit-learn GP, Matern 2.5, alpha 1e-2). The GP is
@@ -141,7 +141,10 @@ class SkipSetOptimizer:
             if incumbent_score is not None:
                 ch["inc_scores"].append(incumbent_score)
             if len(ch["scores"]) >= self.cfg.rescore:
-                mine = float(np.mean(ch["scores"]))
+                # paired: both sets on the same later windows only. The discovery window is left out: the
+                # challenger was picked *because* it scored high there, and the incumbent was never measured on it
+                # (counting it let one easy window followed by hard ones crown a poor set)
+                mine = float(np.mean(ch["scores"][1:]))
                 theirs = float(np.mean(ch["inc_scores"])) if ch["inc_scores"] else self.best_score
                 if mine > theirs:
                     self.best, self.best_score, self.best_matchness = ch["set"].clone(), mine, ch["matchness"]

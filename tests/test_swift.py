@@ -73,7 +73,7 @@ def test_optimized_skip_set_beats_uniform_on_humaneval(eng):
         eng.generate(p, max_new_tokens=96)
     best, uniform = eng.skip_set, eng.optimizer.initial()
     scores = {"best": [], "uniform": []}
-    for p in _humaneval(14)[12:14]:
+    for p in _humaneval(18)[12:18]:  # six held-out windows: two were too few to tell sets apart reliably
         ids = eng.tokenizer.encode(p)
         ref = _ar(eng, p, 64)
         seq = ids + ref
@@ -85,7 +85,7 @@ def test_optimized_skip_set_beats_uniform_on_humaneval(eng):
         cache.length = n
         for name, s in (("best", best), ("uniform", uniform)):
             scores[name].append(matchness(eng.model, cache, seq[n - 32:n], seq[n], s))
-    b, u = sum(scores["best"]) / 2, sum(scores["uniform"]) / 2
+    b, u = sum(scores["best"]) / 6, sum(scores["uniform"]) / 6
     assert b > u, scores
 
 
