@@ -19,6 +19,7 @@ from .model import nbytes
 
 _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree_size)
 
 
 def _ema(old: Optional[float], new: float) -> float:
@@ -188,10 +189,13 @@ class Gate:
         if not self.auto:
             return len(values)
         c = self.costs
-        best_n, best, tokens = 0, 1.0 / (sunk_s + c.v(1)), 1.0
+        plain = 1.0 / (sunk_s + c.v(1))
+        best_n, best, tokens = 0, plain, 1.0
         for n, val in enumerate(values, 1):
             tokens += val
             r = tokens / (sunk_s + c.v(n + 1))
             if r > best:
                 best_n, best = n, r
-        return best_n
+        # a predicted gain within the cost model's error (noisy timings, host work per round it does not price)
+        # is not worth a verify pass: the loop must never be slower than plain decoding
+        return best_n if best >= plain * (1.0 + _MARGIN) else 0

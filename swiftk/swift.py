@@ -246,11 +246,14 @@ def _build_head(make_head, committed: list):
     return head
 
 
+_EXPLORE = 4  # optimization steps at the full budget before a search that found no paying set is scaled back
+
+
 def _budget(state: SkipSetState) -> float:
     """Optimization's share of wall time. The search is an investment: once it has looked at a few candidates and
     none is expected to beat plain decoding, a fifth of the budget keeps looking (the text may change)."""
     o, b = state.optimizer, state.cfg.opt_budget
-    promising = o.steps < 10 or state.cfg.objective != "speed" or o.best_score >= 1.0
+    promising = o.steps < _EXPLORE or state.cfg.objective != "speed" or o.best_score >= 1.0
     return b if promising else b / 5
 
 

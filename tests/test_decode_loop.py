@@ -142,6 +142,28 @@ def test_gate_drafts_when_drafting_is_free(eng):
     assert min(out.stats.tree_sizes) > 2
 
 
+def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(eng):
+    """A verify pass must promise more than the cost model's error; two n-gram misses at a match length stop it
+    being verified on a CPU whose 2-token verify costs 1.3 steps."""
+    from swiftk.costs import Gate
+    from swiftk.state import AcceptanceStats
+
+    c = CostModel(eng.model)
+    c.step, c.verify = 1.0, {2: 1.3}
+    gate = Gate(c, AcceptanceStats(), DecodeConfig().validate())
+    assert gate.tree_size(0.0, [0.35]) == 1          # (1 + 0.35) / 1.3: +3.8% predicted, worth a verify pass
+    assert gate.tree_size(0.0, [0.33]) == 0          # +2.3%: within the model's error, a plain step instead
+    assert gate.tree_size(0.0, [0.25]) == 0          # slower than plain
+    st = AcceptanceStats()
+    p0 = st.ngram_prob(4)
+    for _ in range(2):
+        st.observe_ngram(4, False)
+    assert p0 > 0.3 and st.ngram_prob(4) < 0.3       # from worth verifying to not, in two misses
+    st.observe_ngram(4, True)
+    st.observe_ngram(4, True)
+    assert st.ngram_prob(4) > 0.45                   # and back when the text starts repeating
+
+
 def test_coupled_sampling_is_reproducible_across_methods_and_states(eng):
     kw = dict(max_new_tokens=48, temperature=0.9, top_p=0.95, seed=123)
     a = eng.generate(PROMPT, method="autoregressive", **kw).token_ids
