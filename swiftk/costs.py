@@ -172,6 +172,27 @@ class Gate:
         if was_probe:
             st.probe_gap = 4 if st.draft_rate > 1.0 else min(128, st.probe_gap * 2)
 
+    def ngram_size(self, sunk_s: float, values: list) -> int:
+        """``tree_size`` for a round with only n-gram nodes, plus probing: the n-gram estimates learn only from
+        verified proposals, so once they fall below break-even (chat) they would never see the text start
+        repeating (code after chat). Every ``ng_probe_gap``-th declined proposal is verified anyway (its first
+        node, the cheapest pass); the gap doubles while probes miss and resets when one is accepted."""
+        n = self.tree_size(sunk_s, values)
+        st = self.stats
+        if n or not self.auto or not values:
+            st.ng_since = 0
+            return n
+        st.ng_since += 1
+        if st.ng_since < st.ng_probe_gap:
+            return 0
+        st.ng_since, st.ng_probing = 0, True
+        return 1
+
+    def ngram_probed(self, hit: bool) -> None:
+        st = self.stats
+        st.ng_probing = False
+        st.ng_probe_gap = 4 if hit else min(128, st.ng_probe_gap * 2)
+
     def keep_drafting(self, depth: int, conf: float, surv: float, tokens: float, step_s: float) -> bool:
         """After ``depth`` draft steps of ``step_s`` seconds each (chain survival ``surv``, expected tokens
         ``tokens``): one more?"""

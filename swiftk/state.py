@@ -20,6 +20,7 @@ from .optimizer import SkipSetOptimizer
 
 STATE_VERSION = 2
 _BINS = 10
+_NG_DECAY = 0.9
 
 
 class AcceptanceStats:
@@ -39,6 +40,9 @@ class AcceptanceStats:
         self.draft_rate: Optional[float] = None  # EMA of drafting rounds' speed, in plain-step units
         self.since_draft = 0
         self.probe_gap = 4
+        self.ng_since = 0       # n-gram proposals declined since the last one verified
+        self.ng_probe_gap = 4   # ... after which one is verified anyway (a probe), doubling while probes miss
+        self.ng_probing = False
 
     def calibrate(self, p: float) -> float:
         b = min(_BINS - 1, max(0, int(p * _BINS)))
@@ -55,11 +59,13 @@ class AcceptanceStats:
 
     def observe_ngram(self, n: int, hit: bool) -> None:
         n = min(n, len(self.ng_hits) - 1)
-        self.ng_hits[n] = 0.99 * self.ng_hits[n] + hit
-        self.ng_tries[n] = 0.99 * self.ng_tries[n] + 1
+        # fast forgetting (memory ~10 proposals): whether the text repeats itself changes within a prompt
+        self.ng_hits[n] = _NG_DECAY * self.ng_hits[n] + hit
+        self.ng_tries[n] = _NG_DECAY * self.ng_tries[n] + 1
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("hits", "tries", "ng_hits", "ng_tries", "draft_rate", "probe_gap")}
+        return {k: getattr(self, k) for k in ("hits", "tries", "ng_hits", "ng_tries", "draft_rate", "probe_gap",
+                                              "ng_probe_gap")}
 
     def load_dict(self, d: dict) -> None:
         for k in ("hits", "tries", "ng_hits", "ng_tries"):
@@ -69,6 +75,7 @@ class AcceptanceStats:
             setattr(self, k, v)
         self.draft_rate = None if d.get("draft_rate") is None else float(d["draft_rate"])
         self.probe_gap = int(d.get("probe_gap", 4))
+        self.ng_probe_gap = min(128, max(1, int(d.get("ng_probe_gap", 4))))
 
 
 class SkipSetState:

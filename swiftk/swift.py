@@ -153,8 +153,8 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         if levels or ng:
             tree = build_tree(pending, levels, n, max_nodes, dev, ngram=ng,
                               ngram_probs=[state.stats.ngram_prob(ng_n)] * len(ng), calibrate=calibrate,
-                              choose_size=lambda vals: gate.tree_size(t_draft, vals) if not levels or gate.auto
-                              else len(vals))
+                              choose_size=lambda vals: gate.ngram_size(t_draft, vals) if not levels
+                              else gate.tree_size(t_draft, vals) if gate.auto else len(vals))
         if levels and moa is not None:
             costs.observe_moa(t_draft / len(levels))
             draft_s = costs.moa_draft()
@@ -205,6 +205,8 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         if head is not None:
             head.add(new)
         _learn(state, tree, path.tolist(), ng_n, st)
+        if state.stats.ng_probing:
+            gate.ngram_probed(L > 1)
         if levels:  # the round's speed in plain-step units, priced by the (measured, smoothed) cost model
             gate.drafted(L * costs.v(1) / (len(levels) * draft_s + costs.v(N)))
         if len(st.expected_vs_measured) < 4096:

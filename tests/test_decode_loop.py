@@ -162,6 +162,15 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     st.observe_ngram(4, True)
     st.observe_ngram(4, True)
     assert st.ngram_prob(4) > 0.45                   # and back when the text starts repeating
+    # below break-even an n-gram is still verified now and then (a probe): it is how the estimate can recover
+    gate = Gate(c, AcceptanceStats(), DecodeConfig().validate())
+    sizes = [gate.ngram_size(0.0, [0.1]) for _ in range(8)]
+    assert sizes == [0, 0, 0, 1, 0, 0, 0, 1]
+    gate.ngram_probed(False)
+    assert [gate.ngram_size(0.0, [0.1]) for _ in range(8)] == [0] * 7 + [1]  # a miss doubles the gap
+    gate.ngram_probed(True)
+    assert [gate.ngram_size(0.0, [0.1]) for _ in range(4)] == [0, 0, 0, 1]   # a hit resets it
+    assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
 
 
 def test_coupled_sampling_is_reproducible_across_methods_and_states(eng):
