@@ -137,7 +137,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             levels = moa_draft(model, cache, moa, committed, pending, sampler, gate, draft_s, max_draft=cfg.max_draft,
                                max_spine=max_nodes - 1, topk_bins=bins,
                                head=None if head is None else head.logits_full, rejection=rejection)
-        elif measured and layer_draft and gate.should_draft():
+        elif measured and layer_draft and _set_may_pay(opt, costs, draft_skip, gate) and gate.should_draft():
             head = head if head is not None else _build_head(make_head, committed)
             levels = draft(model, cache, pending, draft_skip, sampler, gate, max_draft=cfg.max_draft,
                            max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1],
@@ -246,6 +246,17 @@ def _build_head(make_head, committed: list):
     head = make_head()
     head.add(committed)
     return head
+
+
+def _set_may_pay(opt, costs: CostModel, skip: torch.Tensor, gate) -> bool:
+    """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
+    drafting with it would give: below plain speed, the loop does not draft (nor probe) with it -- the matchness
+    passes are the cheaper probes, and drafting resumes as soon as the search finds a set that is expected to pay.
+    Fixed skip sets, a finished search (the gate's own probes take over) and speculate="always" draft as before."""
+    if opt is None or opt.done or not gate.auto:
+        return True
+    # no measurement yet (a cold start's first context window): plain steps and n-grams until the first one
+    return opt.best_matchness is not None and costs.expected_rate(opt.best_matchness, skip) >= 1.0
 
 
 _EXPLORE = 4  # optimization steps at the full budget before a search that found no paying set is scaled back
