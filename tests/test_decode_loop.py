@@ -173,6 +173,22 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
 
 
+@pytest.mark.parametrize("matchness, drafts", [(None, False), (0.0, False), (1.0, True)])
+def test_a_running_search_drafts_only_with_a_set_expected_to_pay(eng, monkeypatch, matchness, drafts):
+    """While the search runs, the incumbent's measured matchness decides: no measurement yet or one predicting
+    less than plain speed -> no layer drafts; a paying one -> drafts. Output unchanged either way."""
+    ref = ar(eng, n=48)
+    eng.costs = _Costs(eng.model, verify=1.0, draft=0.2)
+    eng.reset_optimizer(context_window=120)   # > the tokens generated: no optimization step changes the incumbent
+    eng.optimizer.best_matchness = matchness
+    calls = []
+    real = swift_mod.draft
+    monkeypatch.setattr(swift_mod, "draft", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = eng.generate(PROMPT, max_new_tokens=48, ngram=False)
+    assert out.token_ids == ref and not eng.optimizer.done
+    assert bool(calls) == drafts, len(calls)
+
+
 def test_coupled_sampling_is_reproducible_across_methods_and_states(eng):
     kw = dict(max_new_tokens=48, temperature=0.9, top_p=0.95, seed=123)
     a = eng.generate(PROMPT, method="autoregressive", **kw).token_ids
