@@ -14,6 +14,7 @@ import time
 import torch
 
 import swiftk
+from swiftk.atomic import write_atomic
 
 
 def main() -> None:
@@ -47,8 +48,7 @@ def main() -> None:
         lines.append(f"--- cProfile {m} (by own time)\n" + buf.getvalue())
     text = "\n".join(lines)
     print(text)
-    with open(a.out, "w") as f:
-        f.write(text + "\n")
+    write_atomic(a.out, text + "\n")
 
 
 if __name__ == "__main__":

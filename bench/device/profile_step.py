@@ -15,6 +15,7 @@ import torch
 import swiftk
 from bench.e2e import copy_bandwidth
 from swiftk import skipset
+from swiftk.atomic import write_atomic
 from swiftk.tree import TreeMask
 
 
@@ -104,8 +105,7 @@ def main() -> None:
     lines.append(json.dumps(graphs.info() if graphs else None))
     text = "\n".join(lines)
     print(text)
-    with open(a.out, "w") as f:
-        f.write(text + "\n")
+    write_atomic(a.out, text + "\n")
 
 
 if __name__ == "__main__":
