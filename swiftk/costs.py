@@ -38,8 +38,9 @@ class CostModel:
         self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
         gpu = model.device.type == "cuda"
         # prior: extra verify cost per token, in steps. Measured: H100 graphs v(2..32) 1.02-1.11; 2-core CPUs
-        # v(2) 1.2-1.25, v(8) 1.6-2.1. A cold engine prices its first rounds with it, so it errs on the costly side.
-        self.slope = 0.004 if gpu else 0.1
+        # with the prefetching CPU kernel v(4) 1.08-1.15, v(8) 1.3-1.5 (1.6-2.1 before it). A cold engine prices
+        # its first rounds with it, so it errs on the costly side.
+        self.slope = 0.004 if gpu else 0.07
         self.step: Optional[float] = None     # seconds of a plain decode step
         self.verify: dict = {}                # bucket -> seconds of a verify pass of that many tokens
         self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
