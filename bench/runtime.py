@@ -4,7 +4,10 @@
 
 Configurations (one process, measurements interleaved so machine noise hits them alike):
 - ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
-- ``kernel-fp32``: float32 weights, swiftk's CPU matmul kernel (the default)
+- ``linear-fp32``: float32 weights, swiftk's CPU matmul kernel, the other ops of each layer one by one in torch
+  (the runtime before kernels/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
+- ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu_decode.cpp) with swiftk's CPU matmul
+  kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
@@ -28,8 +31,17 @@ import torch
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
-CONFIGS = ("torch-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8")
-WEIGHTS = {"torch-fp32": None, "kernel-fp32": None, "kernel-wbf16": "bfloat16", "kernel-wint8": "int8"}
+CONFIGS = ("torch-fp32", "linear-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8")
+WEIGHTS = {"torch-fp32": None, "linear-fp32": None, "kernel-fp32": None, "kernel-wbf16": "bfloat16",
+           "kernel-wint8": "int8"}
+
+
+def use(config: str) -> None:
+    """Switch this process's CPU paths to ``config``'s (the three float32 configurations share one engine)."""
+    from swiftk.ops import cpu_linear
+
+    cpu_linear.set_enabled(config != "torch-fp32")
+    cpu_linear.set_fused(config not in ("torch-fp32", "linear-fp32"))
 
 
 def read_bandwidth(mb: int = 512, reps: int = 5) -> float:
@@ -71,10 +83,10 @@ def pass_costs(engines: dict, reps: int) -> dict:
     for c, eng in engines.items():
         m = eng.model
         cache = eng.cache
-        cpu_linear.set_enabled(c != "torch-fp32")
+        use(c)
         m.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), torch.arange(ctx), cache)
         cache.length = ctx
-        cpu_linear.set_enabled(True)
+        use("kernel-fp32")
     shapes = {"step": (1, None), "verify4": (4, None), "verify8": (8, None), "verify16": (16, None),
               "draft": (1, skip)}
     best = {(c, k): float("inf") for c in engines for k in shapes}
@@ -82,11 +94,11 @@ def pass_costs(engines: dict, reps: int) -> dict:
         for k, (T, sk) in shapes.items():
             ids, pos = torch.full((T,), 5), torch.arange(ctx, ctx + T)
             for c, eng in engines.items():
-                cpu_linear.set_enabled(c != "torch-fp32")
+                use(c)
                 dt = _time(lambda: eng.model.forward(ids, pos, pos, eng.cache, skip=sk))
                 if r:  # the first rep warms up
                     best[(c, k)] = min(best[(c, k)], dt)
-    cpu_linear.set_enabled(True)
+    use("kernel-fp32")
     for c, eng in engines.items():
         m = eng.model
         step = best[(c, "step")]
@@ -127,7 +139,7 @@ def main(argv=None) -> int:
             raise SwiftkError(f"CPU kernel unavailable: {cpu_linear.status()}")
         base, hf, why = load_pair(a.model, "cpu", "float32", need_hf=not a.no_hf)
         engines = {c: base if WEIGHTS[c] is None else swiftk.load(a.model, weights=WEIGHTS[c], persist=False)
-                   for c in configs}   # torch-fp32 and kernel-fp32 share one engine
+                   for c in configs}   # the float32 configurations share one engine
         from swiftk import model as model_mod
 
         model_mod.choose_cpu_linear_forms(base.model.layers[0].w_gate_up)   # torch-fp32's product forms
@@ -164,9 +176,9 @@ def main(argv=None) -> int:
             if w == "hf-fp32":
                 got[w] = _hf_run(hf, it["ids"], a.max_new_tokens, "greedy")
             else:
-                cpu_linear.set_enabled(w != "torch-fp32")
+                use(w)
                 got[w] = _swiftk_run(engines[w], it["ids"], a.max_new_tokens)
-                cpu_linear.set_enabled(True)
+                use("kernel-fp32")
             tot[w][0] += got[w]["new_tokens"]
             tot[w][1] += got[w]["wall_time_s"]
         ref = got.get("hf-fp32")

@@ -25,6 +25,7 @@ import torch
 from .config import ModelConfig, rope_inv_freq
 from .errors import SwiftkError
 from .ops import cpu_linear, get_ops
+from .ops import reference as reference_ops
 from .tree import TreeMask
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -245,6 +246,12 @@ class Model:
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
         self.graphs = None           # graphs.GraphRunner on CUDA (Engine(cuda_graphs=...)); None: every pass eager
+        # CPU float32 activations: the layer loop can run as one C call (kernels/cpu_decode.cpp) when the kernel
+        # library is built; _fused_tables: per KV cache, the weight/cache addresses it reads
+        self._fused_ok = (self.device.type == "cpu" and dtype == torch.float32
+                          and all(t.dtype == torch.float32 for L in self.layers for t in (L.attn_norm, L.mlp_norm)))
+        self._fused_tables: dict = {}
+        self._fused_fl = (None, None)
         if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
@@ -337,6 +344,8 @@ class Model:
             # no weight of the layers it skips).
             last = max((i for i in range(2 * start, 2 * stop) if not flags[i]), default=-1)
             end = last // 2 + 1
+        if T <= KERNEL_MAX_ROWS and self._fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
+            return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
         captured = h.clone() if capture == start else None
         x = None   # h normed with the weight of the next sublayer, when the fused add+norm already produced it
         for li in range(start, end):
@@ -367,6 +376,104 @@ class Model:
         if capture is not None and captured is None:
             captured = h  # every sublayer from ``capture`` on was skipped: h is its input
         return h, (x if end == n_layers else None), captured
+
+    def _layers_fused(self, h, start, end, stop, positions, slots, cache, attn_mask, flags, capture):
+        """`_layers` on CPU through kernels/cpu_decode.cpp: one C call per run of layers (two around a captured
+        layer); same results as the op-by-op loop up to float rounding."""
+        c = self.cfg
+        T = h.shape[0]
+        if isinstance(attn_mask, TreeMask):
+            S = attn_mask.prefix_len + T
+            if S > cache.max_slots:
+                raise SwiftkError(f"tree of {T} tokens after {attn_mask.prefix_len} committed exceeds the cache "
+                                  f"({cache.max_slots} slots)")
+            vis = attn_mask.dense()
+        elif attn_mask is None:
+            S = int(slots.max()) + 1
+            if S > cache.max_slots:
+                raise SwiftkError(f"slot {S - 1} is outside the cache ({cache.max_slots} slots)")
+            vis = torch.arange(S)[None, :] <= slots[:, None]
+        else:
+            if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
+                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} "
+                                  f"{attn_mask.dtype}")
+            S = attn_mask.shape[1]
+            if S > cache.max_slots:
+                raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")
+            vis = attn_mask
+        vis = vis.contiguous()
+        slots64 = slots.to(torch.int64).contiguous()
+        if int(slots64.min()) < 0 or int(slots64.max()) >= cache.max_slots:
+            raise SwiftkError(f"slots must lie in [0, {cache.max_slots})")
+        if not bool(vis.any(dim=1).all()):
+            raise SwiftkError("every token must attend to at least one slot")
+        cos, sin = (t.contiguous() for t in reference_ops.rope_cos_sin(positions, self.inv_freq))
+        table, wtypes = self._fused_table(cache)
+        fl = self._fused_flags(flags)
+        h = h.contiguous().clone()
+        fn, width = cpu_linear.layers_fn(), table.shape[1]
+
+        def run(a, b):
+            if b <= a:
+                return
+            if fn(b - a, table.data_ptr() + 8 * width * a, wtypes.data_ptr() + 16 * a, fl.data_ptr() + 2 * a, T,
+                  c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, self.scale,
+                  cache.max_slots, slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), S,
+                  h.data_ptr(), torch.get_num_threads()) != 0:
+                raise SwiftkError(f"cpu decode kernel rejected a pass of {T} tokens over {S} slots")
+
+        captured = None
+        if capture is not None and start <= capture < end:
+            run(start, capture)
+            captured = h.clone()
+            run(capture, end)
+        else:
+            run(start, end)
+            if capture is not None:
+                captured = h  # every sublayer from ``capture`` on was skipped (or it is past the end): h is its input
+        return h, None, captured
+
+    def _fused_table(self, cache):
+        """(addresses [n_layers, width] int64, weight types [n_layers, 4] int32) for the C layer loop, per cache."""
+        key = (cache.data.data_ptr(), cache.max_slots)
+        got = self._fused_tables.get(key)
+        if got is not None:
+            return got
+
+        def w(t):
+            return (t.q, t.scale) if isinstance(t, QWeight) else (t, None)
+
+        def wtype(t):
+            return 2 if isinstance(t, QWeight) else 1 if t.dtype == torch.bfloat16 else 0
+
+        rows, types = [], []
+        for li, L in enumerate(self.layers):
+            row = [L.attn_norm.data_ptr()]
+            for t in (L.wqkv,):
+                q, s = w(t)
+                row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
+            row.append(0 if L.bqkv is None else L.bqkv.data_ptr())
+            q, s = w(L.wo)
+            row += [q.data_ptr(), 0 if s is None else s.data_ptr(), L.mlp_norm.data_ptr()]
+            for t in (L.w_gate_up, L.w_down):
+                q, s = w(t)
+                row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
+            row.append(cache.data[li].data_ptr())
+            rows.append(row)
+            types.append([wtype(t) for t in (L.wqkv, L.wo, L.w_gate_up, L.w_down)])
+        table = torch.tensor(rows, dtype=torch.int64)
+        if table.shape[1] != cpu_linear.layer_table_width():
+            raise SwiftkError("kernels/cpu_decode.cpp's layer table does not match swiftk/model.py")
+        got = (table, torch.tensor(types, dtype=torch.int32))
+        if len(self._fused_tables) >= 8:   # engines make a few caches; never grow without bound
+            self._fused_tables.clear()
+        self._fused_tables[key] = got
+        return got
+
+    def _fused_flags(self, flags: list) -> torch.Tensor:
+        if self._fused_fl[0] is not flags:
+            self._fused_fl = (flags, torch.tensor(flags, dtype=torch.uint8))
+        return self._fused_fl[1]
 
     def _logits(self, h, x, logits_idx, head):
         if x is None:

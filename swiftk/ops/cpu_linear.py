@@ -41,13 +41,13 @@ _why: Optional[str] = None      # reason the kernel is not used, once decided
 _fn = None
 
 
-def source_path() -> Path:
+def source_path(name: str = "cpu_linear.cpp") -> Path:
     here = Path(__file__).resolve()
-    for cand in (here.parents[1] / "kernels" / "cpu_linear.cpp",    # installed: swiftk/kernels/
-                 here.parents[2] / "kernels" / "cpu_linear.cpp"):   # source checkout: ./kernels/
+    for cand in (here.parents[1] / "kernels" / name,    # installed: swiftk/kernels/
+                 here.parents[2] / "kernels" / name):   # source checkout: ./kernels/
         if cand.is_file():
             return cand
-    raise FileNotFoundError("kernels/cpu_linear.cpp not found next to the swiftk package")
+    raise FileNotFoundError(f"kernels/{name} not found next to the swiftk package")
 
 
 def _cpu_id() -> str:
@@ -66,10 +66,12 @@ def _compiler() -> Optional[str]:
 
 
 def _build(src: Path, cxx: str) -> Path:
+    """``src`` is kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
     from swiftk.registry import swiftk_home
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([src.read_text(), " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
+    texts = [src.read_text(), source_path("cpu_linear.cpp").read_text()]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(swiftk_home()) / "build"
     out = out_dir / f"cpu_linear-{key}.so"
     if out.is_file():
@@ -99,7 +101,7 @@ def _load() -> None:
         _why = "no C++ compiler (g++ or $CXX) found"
         return
     try:
-        path = _build(source_path(), cxx)
+        path = _build(source_path("cpu_decode.cpp"), cxx)
         lib = ctypes.CDLL(str(path))
     except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
         _why = f"build failed ({type(e).__name__}: {str(e)[:300]})"
@@ -111,6 +113,11 @@ def _load() -> None:
                    ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     fn.restype = ctypes.c_int
     lib.swk_vector_width.restype = ctypes.c_int
+    lib.swk_layers.restype = ctypes.c_int
+    lib.swk_layer_table_width.restype = ctypes.c_int
+    lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
+                               + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
+                               + [ctypes.c_void_p, ctypes.c_int])
     _lib, _fn, _why = lib, fn, ""
 
 
@@ -181,6 +188,30 @@ def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
            None if scale is None else scale.data_ptr(), N, y.data_ptr(), threads or torch.get_num_threads()) != 0:
         raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+_fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu_decode.cpp)
+
+
+def set_fused(on: bool) -> None:
+    """Switch the fused CPU layer loop (kernels/cpu_decode.cpp) on or off for this process (benchmarks, tests);
+    off, the layers run op by op through torch (with this kernel still serving their matmuls)."""
+    global _fused
+    _fused = bool(on)
+
+
+def fused_active() -> bool:
+    return _fused and active()
+
+
+def layers_fn():
+    """The C entry ``swk_layers`` (see kernels/cpu_decode.cpp). Call only after :func:`available` returned True."""
+    return _lib.swk_layers
+
+
+def layer_table_width() -> int:
+    """Addresses per layer that ``swk_layers`` reads (a check that the Python side builds its table to match)."""
+    return int(_lib.swk_layer_table_width())
 
 
 def reset() -> None:

@@ -1,0 +1,160 @@
+"""kernels/cpu_decode.cpp (the fused CPU layer loop) against its torch twin (Model._layers op by op), its batch
+invariance, partial passes, weight formats and bad input."""
+import pytest
+import torch
+
+from swiftk.config import from_hf_config
+from swiftk.errors import SwiftkError
+from swiftk.model import Model, TreeMask
+from swiftk.ops import cpu_linear
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernels unavailable: {cpu_linear.status()}")
+
+
+def _model(arch="llama", weights=None, seed=0, **over):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=97, hidden_size=72, intermediate_size=100, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  tie_word_embeddings=False)   # head_dim 18, I = 100: vector tails everywhere
+    common.update(over)
+    hf = (transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)) if arch == "llama"
+          else transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    return Model(from_hf_config(hf.config.to_dict()), sd, device="cpu", dtype=torch.float32, weights=weights)
+
+
+@pytest.fixture
+def fused_switch():
+    yield cpu_linear.set_fused
+    cpu_linear.set_fused(True)
+
+
+def _both(m, fn):
+    """fn(cache) on a fresh cache, op by op and fused: (logits, cache) of each."""
+    out = []
+    for fused in (False, True):
+        cpu_linear.set_fused(fused)
+        cache = m.new_cache(64)
+        out.append((fn(cache), cache.data.clone()))
+    cpu_linear.set_fused(True)
+    return out
+
+
+def _prefix(m, cache, n=11, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, m.cfg.vocab_size, (n,), generator=g)
+    m.forward(ids, torch.arange(n), torch.arange(n), cache)
+    cache.length = n
+    return n
+
+
+@pytest.mark.parametrize("arch,over", [("llama", {}), ("qwen2", {}),
+                                       ("qwen2", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 80})])
+@pytest.mark.parametrize("T", [1, 5, 17])
+def test_fused_equals_op_by_op(fused_switch, arch, over, T):
+    m = _model(arch, **over)
+    g = torch.Generator().manual_seed(T)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]   # a random tree
+    anc = torch.zeros(T, T, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+    depth = anc.sum(1) - 1
+    skip = torch.rand(2 * m.cfg.n_layers, generator=g) < 0.4
+    toks = torch.randint(0, m.cfg.vocab_size, (T,), generator=g)
+
+    def tree_pass(cache, sk):
+        n = _prefix(m, cache)
+        slots = torch.arange(n, n + T)
+        return m.forward(toks, n + depth, slots, cache, attn_mask=TreeMask.of(n, anc), skip=sk)
+
+    for sk in (None, skip):
+        (ref, kv_ref), (got, kv_got) = _both(m, lambda c: tree_pass(c, sk))
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(kv_got, kv_ref, atol=2e-5, rtol=1e-4)
+
+
+def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch):
+    """A chain verified in one pass gives each token the logits it gets decoded alone (the basis of greedy
+    speculative output equal to plain decoding, independent of the tree's size)."""
+    m = _model()
+    cache = m.new_cache(64)
+    n = _prefix(m, cache)
+    toks = torch.tensor([5, 17, 42, 8, 60, 3])
+    T = toks.shape[0]
+    chain = m.forward(toks, torch.arange(n, n + T), torch.arange(n, n + T), cache,
+                      attn_mask=TreeMask.causal(n, T, "cpu"))
+    for i in range(T):   # same slots, one token at a time (the chain's KV below i is already in place)
+        one = m.forward(toks[i:i + 1], torch.tensor([n + i]), torch.tensor([n + i]), cache, start=n + i)
+        assert torch.equal(one[0], chain[i]), i
+
+
+def test_partial_passes_and_capture(fused_switch):
+    m = _model(num_hidden_layers=4)
+    toks = torch.tensor([4, 9, 33])
+
+    def run(cache):
+        n = _prefix(m, cache)
+        pos = torch.arange(n, n + 3)
+        mid = m.forward_to(2, toks, pos, pos, cache)
+        logits, cap = m.forward(toks, pos, pos, cache, capture_layer=3)
+        tail = m.forward_from(2, mid, pos, pos, cache)
+        return torch.cat([mid, cap, logits, tail], 1)
+
+    (ref, kv_ref), (got, kv_got) = _both(m, run)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(kv_got, kv_ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
+def test_weight_formats(fused_switch, weights):
+    m = _model(weights=weights)
+    toks = torch.tensor([1, 2, 3, 4])
+
+    def run(cache):
+        n = _prefix(m, cache)
+        return m.forward(toks, torch.arange(n, n + 4), torch.arange(n, n + 4), cache,
+                         attn_mask=TreeMask.causal(n, 4, "cpu"))
+
+    (ref, _), (got, _) = _both(m, run)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_fused_path_serves_small_passes_only(fused_switch, monkeypatch):
+    """The switch is applied: on, passes of <= 32 tokens go through the C loop; off (or a prefill), they don't."""
+    m = _model()
+    calls = []
+    real = cpu_linear.layers_fn
+
+    def spy():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(cpu_linear, "layers_fn", spy)
+    cache = m.new_cache(64)
+    m.forward(torch.arange(40) % 90, torch.arange(40), torch.arange(40), cache)   # prefill: torch path
+    assert not calls
+    m.forward(torch.tensor([7]), torch.tensor([40]), torch.tensor([40]), cache, start=40)
+    assert calls
+    calls.clear()
+    fused_switch(False)
+    m.forward(torch.tensor([7]), torch.tensor([41]), torch.tensor([41]), cache, start=41)
+    assert not calls
+
+
+def test_bad_passes_are_named(fused_switch):
+    m = _model()
+    cache = m.new_cache(16)
+    with pytest.raises(SwiftkError, match="at least one slot"):
+        m.forward(torch.tensor([1, 2]), torch.arange(2), torch.arange(2), cache,
+                  attn_mask=torch.tensor([[True, False], [False, False]]))
+    with pytest.raises(SwiftkError, match="outside the cache"):
+        m.forward(torch.tensor([1]), torch.tensor([16]), torch.tensor([16]), cache)
+    with pytest.raises(SwiftkError, match="exceeds the cache"):
+        m.forward(torch.tensor([1, 2]), torch.arange(15, 17), torch.arange(15, 17), cache,
+                  attn_mask=TreeMask.causal(15, 2, "cpu"))
