@@ -429,6 +429,8 @@ class Engine:
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
+                "layer_loop": ("fused C loop (kernels/cpu_decode.cpp) for passes of <= 32 tokens"
+                               if self.model._fused_ok and cpu_linear.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": self._moa_info,
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},

@@ -6,6 +6,7 @@ import torch
 
 import swiftk
 import swiftk.model as model_mod
+from swiftk.ops import cpu_linear
 from swiftk.cli import main as cli_main
 from swiftk.drafter import draft
 from swiftk.errors import SwiftkError
@@ -102,7 +103,11 @@ def test_kvq_verify_skips_layers_below_boundary_for_drafted_spine(eng, static_se
                        topk_bins=GREEDY_TOPK, boundary=boundary)
         tree = build_tree(ids[-1], levels, P - 1, 64, m.device)
         counter = _RowCounter(monkeypatch)
-        logits = verify(m, cache, tree, levels, boundary)
+        cpu_linear.set_fused(False)   # the row counter sees the op-by-op loop's matmuls (the fused one calls C)
+        try:
+            logits = verify(m, cache, tree, levels, boundary)
+        finally:
+            cpu_linear.set_fused(True)
         monkeypatch.undo()
         return tree, counter, logits
 
