@@ -75,7 +75,6 @@ def draft_skip(model, share: float = 0.45) -> torch.Tensor:
 
 def pass_costs(engines: dict, reps: int) -> dict:
     from swiftk.model import nbytes
-    from swiftk.ops import cpu_linear
 
     out = {c: {} for c in engines}
     skip = draft_skip(next(iter(engines.values())).model)

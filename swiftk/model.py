@@ -245,6 +245,7 @@ class Model:
         self.scale = hd ** -0.5
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
+        self._no_skip = [False] * cfg.n_sublayers
         self.graphs = None           # graphs.GraphRunner on CUDA (Engine(cuda_graphs=...)); None: every pass eager
         # CPU float32 activations: the layer loop can run as one C call (kernels/cpu_decode.cpp) when the kernel
         # library is built; _fused_tables: per KV cache, the weight/cache addresses it reads
@@ -383,24 +384,10 @@ class Model:
         c = self.cfg
         T = h.shape[0]
         if isinstance(attn_mask, TreeMask):
-            S = attn_mask.prefix_len + T
-            if S > cache.max_slots:
-                raise SwiftkError(f"tree of {T} tokens after {attn_mask.prefix_len} committed exceeds the cache "
-                                  f"({cache.max_slots} slots)")
-            vis = attn_mask.dense()
-        elif attn_mask is None:
-            S = int(slots.max()) + 1
-            if S > cache.max_slots:
-                raise SwiftkError(f"slot {S - 1} is outside the cache ({cache.max_slots} slots)")
-            vis = torch.arange(S)[None, :] <= slots[:, None]
+            self._check_tree_fits(attn_mask, T, cache)
+            S, vis = attn_mask.prefix_len + T, attn_mask.dense()
         else:
-            if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
-                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} "
-                                  f"{attn_mask.dtype}")
-            S = attn_mask.shape[1]
-            if S > cache.max_slots:
-                raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")
-            vis = attn_mask
+            S, vis = self._visibility(T, slots, cache, attn_mask)
         vis = vis.contiguous()
         slots64 = slots.to(torch.int64).contiguous()
         if int(slots64.min()) < 0 or int(slots64.max()) >= cache.max_slots:
@@ -485,7 +472,7 @@ class Model:
     def _skip_flags(self, skip) -> list:
         n = self.cfg.n_sublayers
         if skip is None:
-            return [False] * n
+            return self._no_skip
         if self._flags[0] is skip:
             return self._flags[1]
         if not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or tuple(skip.shape) != (n,):
@@ -498,21 +485,28 @@ class Model:
         """The attention call for this pass: f(q, kv_layer) -> [T, H*hd]."""
         ops, scale = self.ops, self.scale
         if isinstance(attn_mask, TreeMask):
-            if attn_mask.prefix_len + T > cache.max_slots:
-                raise SwiftkError(f"tree of {T} tokens after {attn_mask.prefix_len} committed exceeds the cache "
-                                  f"({cache.max_slots} slots)")
+            self._check_tree_fits(attn_mask, T, cache)
             return ops.tree_attend(attn_mask, T, scale)
+        S, mask = self._visibility(T, slots, cache, attn_mask)
+        return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], mask, scale).reshape(T, -1)
+
+    @staticmethod
+    def _check_tree_fits(mask: TreeMask, T: int, cache) -> None:
+        if mask.prefix_len + T > cache.max_slots:
+            raise SwiftkError(f"tree of {T} tokens after {mask.prefix_len} committed exceeds the cache "
+                              f"({cache.max_slots} slots)")
+
+    def _visibility(self, T, slots, cache, attn_mask) -> tuple:
+        """(S, mask [T, S] bool) of a pass without a tree: causal by slot when ``attn_mask`` is None, else it."""
         if attn_mask is None:
             S = int(slots.max()) + 1
             if S > cache.max_slots:
                 raise SwiftkError(f"slot {S - 1} is outside the cache ({cache.max_slots} slots)")
-            attn_mask = torch.arange(S, device=self.device)[None, :] <= slots[:, None]
-        else:
-            if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
-                raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} "
-                                  f"{attn_mask.dtype}")
-            S = attn_mask.shape[1]
-            if S > cache.max_slots:
-                raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")
-        mask = attn_mask
-        return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], mask, scale).reshape(T, -1)
+            return S, torch.arange(S, device=self.device)[None, :] <= slots[:, None]
+        if attn_mask.dtype != torch.bool or attn_mask.dim() != 2 or attn_mask.shape[0] != T:
+            raise SwiftkError(f"attn_mask must be a bool tensor [T={T}, S], got {tuple(attn_mask.shape)} "
+                              f"{attn_mask.dtype}")
+        S = attn_mask.shape[1]
+        if S > cache.max_slots:
+            raise SwiftkError(f"attn_mask covers {S} slots but the cache has {cache.max_slots}")
+        return S, attn_mask
