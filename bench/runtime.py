@@ -13,7 +13,9 @@ Configurations (one process, measurements interleaved so machine noise hits them
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
 share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
 next to the share of bytes that draft step reads. Part 2: greedy ``generate`` tok/s of each configuration and of
-HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF.
+HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF, and of
+llama.cpp on the same GGUF file when llama-cpp-python is installed (bench/llamacpp.py; ``--no-llamacpp`` leaves it
+out): it runs the file's quantized blocks, so its ratio is the one to hold the opt-in ``int8`` format against.
 Writes ``runtime_<model>_<device>_<date>.json`` and ``.md`` under ``--out``.
 """
 from __future__ import annotations
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=12, help="repetitions of each pass timing (min is kept)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-llamacpp", action="store_true", help="leave out the llama.cpp peer even if installed")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
@@ -131,6 +134,7 @@ def main(argv=None) -> int:
         ap.error(f"--configs from {', '.join(CONFIGS)}; --prompts/--max-new-tokens >= 1, --reps >= 2")
     import swiftk
     from swiftk.ops import cpu_linear
+    from swiftk.registry import resolve_model
 
     try:
         threads = set_threads(a.threads)
@@ -143,6 +147,12 @@ def main(argv=None) -> int:
 
         model_mod.choose_cpu_linear_forms(base.model.layers[0].w_gate_up)   # torch-fp32's product forms
         items = build_prompts(base, [a.workload], a.prompts, a.prompts)[a.workload]
+        gguf = resolve_model(a.model)
+        llm, llm_why = None, "--no-llamacpp"
+        if not a.no_llamacpp:
+            from bench.llamacpp import load_llamacpp
+
+            llm, llm_why = (None, "not a GGUF file") if gguf.is_dir() else load_llamacpp(gguf, threads)
     except SwiftkError as e:
         print(f"bench.runtime: error: {e}", file=sys.stderr)
         return 2
@@ -161,19 +171,27 @@ def main(argv=None) -> int:
     print("\n".join(lines))
 
     # Part 2: generate, interleaved per prompt (rotating order).
-    who = configs + ([] if hf is None else ["hf-fp32"])
+    who = configs + ([] if hf is None else ["hf-fp32"]) + ([] if llm is None else ["llama.cpp"])
+    if llm is None:
+        print(f"# llama.cpp peer left out: {llm_why}")
     tot = {w: [0, 0.0] for w in who}
     same = {w: 0 for w in who}
     for eng in engines.values():
         _swiftk_run(eng, items[0]["ids"], 8)
     if hf is not None:
         _hf_run(hf, items[0]["ids"], 8, "greedy")
+    if llm is not None:
+        from bench.llamacpp import llamacpp_run
+
+        llamacpp_run(llm, items[0]["ids"], 8, base.tokenizer.eos_ids)
     for i, it in enumerate(items):
         order = who[i % len(who):] + who[:i % len(who)]
         got = {}
         for w in order:
             if w == "hf-fp32":
                 got[w] = _hf_run(hf, it["ids"], a.max_new_tokens, "greedy")
+            elif w == "llama.cpp":
+                got[w] = llamacpp_run(llm, it["ids"], a.max_new_tokens, base.tokenizer.eos_ids)
             else:
                 use(w)
                 got[w] = _swiftk_run(engines[w], it["ids"], a.max_new_tokens)
@@ -185,12 +203,11 @@ def main(argv=None) -> int:
             if ref is not None and first_diff(got[w]["token_ids"], ref["token_ids"]) is None:
                 same[w] += 1
     tps = {w: tot[w][0] / tot[w][1] for w in who}
-    gl = ["| config | tok/s | vs torch-fp32 | vs HF fp32 | prompts identical to HF |", "|---|---|---|---|---|"]
+    gl = ["| config | tok/s | vs torch-fp32 | vs HF fp32 | vs llama.cpp | prompts identical to HF |",
+          "|---|---|---|---|---|---|"]
     for w in who:
-        vs_t = f"{tps[w] / tps['torch-fp32']:.2f}x" if "torch-fp32" in tps else "-"
-        vs_h = f"{tps[w] / tps['hf-fp32']:.2f}x" if "hf-fp32" in tps else "-"
-        gl.append(f"| {w} | {tps[w]:.1f} | {vs_t} | {vs_h} | "
-                  f"{same[w] if hf is not None else '-'}/{len(items)} |")
+        vs = [f"{tps[w] / tps[r]:.2f}x" if r in tps else "-" for r in ("torch-fp32", "hf-fp32", "llama.cpp")]
+        gl.append(f"| {w} | {tps[w]:.1f} | {' | '.join(vs)} | {same[w] if hf is not None else '-'}/{len(items)} |")
     print("\n".join(gl))
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -199,6 +216,8 @@ def main(argv=None) -> int:
                "read_bandwidth_gb_s": bw, "linear": cpu_linear.status(), "workload": a.workload,
                "prompts": len(items), "max_new_tokens": a.max_new_tokens, "pass_costs": costs,
                "generate_tok_s": tps, "identical_to_hf": same if hf is not None else None,
+               "llamacpp": None if llm is None else {"version": _llamacpp_version(), "gguf": str(gguf)},
+               "llamacpp_missing": llm_why if llm is None else None,
                "command": "python -m bench.runtime " + " ".join(argv if argv is not None else sys.argv[1:])}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     write_atomic(str(base_name) + ".json", json.dumps(summary, indent=1))
@@ -206,6 +225,12 @@ def main(argv=None) -> int:
                  f"{bw:.1f} GB/s)\n\n`{summary['command']}`\n\n" + "\n".join(lines) + "\n\n" + "\n".join(gl) + "\n")
     print(f"wrote {base_name}.json/.md")
     return 0
+
+
+def _llamacpp_version() -> str:
+    from importlib.metadata import version
+
+    return version("llama-cpp-python")
 
 
 if __name__ == "__main__":

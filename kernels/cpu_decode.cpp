@@ -132,19 +132,65 @@ void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float
 }
 
 // out [hd] = softmax(q . K_s * scale over visible s) . V_s for one query head; K, V [S, hd] of its KV head.
+// Scores of 16 keys at a time share one reduction tree (hsum16: each score bitwise the dot() it replaces); the
+// weighted sum of V rows stays in registers. Every step runs in slot order, the same for a token whatever T.
 void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
                 float scale, float* p, float* out) {
+  constexpr int MAXV = 16;   // register path for hd <= 16 vectors
+  const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
   float mx = -INFINITY;
-  for (int64_t s = 0; s < S; s++) {
+  int64_t s = 0;
+#if SWK_W == 16
+  if (vec_hd) {
+    const int64_t nv = hd / SWK_W;
+    for (; s + 16 <= S; s += 16) {
+      vec acc[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++) acc[j] = vzero();
+      for (int64_t v = 0; v < nv; v++) {
+        const vec qv = ld_x(q + v * SWK_W);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+      }
+      vec in[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lane j = key s + j
+      alignas(64) float sc[16];
+      _mm512_store_ps(sc, _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale)));
+      for (int j = 0; j < 16; j++) {
+        if (!vis[s + j]) continue;
+        p[s + j] = sc[j];
+        if (sc[j] > mx) mx = sc[j];
+      }
+    }
+  }
+#endif
+  for (; s < S; s++) {
     if (!vis[s]) continue;
     p[s] = dot(q, K + s * hd, hd) * scale;
     if (p[s] > mx) mx = p[s];
   }
-  for (int64_t s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
+  for (s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
   exp_inplace(p, S);
   float den = 0.0f;
+  if (vec_hd) {
+    const int64_t nv = hd / SWK_W;
+    vec o[MAXV];
+    for (int64_t v = 0; v < nv; v++) o[v] = vzero();
+    for (s = 0; s < S; s++) {
+      if (!vis[s]) continue;
+      const float e = p[s];
+      den += e;
+      const vec ev = vset1(e);
+      const float* vr = V + s * hd;
+      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, ld_x(vr + v * SWK_W), o[v]);
+    }
+    const vec inv = vset1(1.0f / den);
+    for (int64_t v = 0; v < nv; v++) vstore(out + v * SWK_W, vmul(o[v], inv));
+    return;
+  }
   for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
-  for (int64_t s = 0; s < S; s++) {
+  for (s = 0; s < S; s++) {
     if (!vis[s]) continue;
     const float e = p[s];
     den += e;

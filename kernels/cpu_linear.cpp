@@ -87,14 +87,47 @@ constexpr int MR = 4;  // activation rows per register tile
 // conversion adds work per byte, ran at half the bandwidth): use 8-row blocks there. Each y[m, n] is still one
 // accumulator summed in the same k order, so batch invariance holds.
 constexpr int NR_SMALL_M = 8;
-// Software prefetch of the weight stream this many bytes ahead of the loads. Without it the hardware prefetcher
-// ran too short a distance to overlap DRAM reads with the FMAs of 4..16 activation rows: memory time and compute
-// time added up (fp32 SmolLM2-135M, 2 threads: a verify pass of 8 tokens cost 1.6 decode steps, with it 1.3;
-// 4 tokens 1.31 -> 1.08; one row unchanged). 8 KiB measured best among 1, 4, 8, 16, 32 KiB on this machine.
-// Prefetching past the end of W is harmless (a prefetch never faults).
-constexpr int64_t PREFETCH_BYTES = 8192;
+// Software prefetch of the weight stream this many bytes ahead of the loads, into L2 (T1). Without it the hardware
+// prefetcher ran too short a distance to overlap DRAM reads with the FMAs of 4..16 activation rows: memory time
+// and compute time added up (fp32 SmolLM2-135M, 2 threads: a verify pass of 8 tokens cost 1.6 decode steps).
+// Prefetching into L1 (T0) 8 KiB ahead brought it to 1.45; into L2, whose miss queue holds more lines in flight
+// than L1's fill buffers, 1.31 (Qwen2.5-Coder-0.5B: 1.56 -> 1.34); 8-32 KiB ahead measured alike, 4 KiB worse.
+// One row unchanged. Prefetching past the end of W is harmless (a prefetch never faults).
+constexpr int64_t PREFETCH_BYTES = 16384;
 
 template <int WT> constexpr int64_t esize() { return WT == 0 ? 4 : WT == 1 ? 2 : 1; }
+
+#if SWK_W == 16
+// 16 horizontal sums at once: a shuffle tree over 16 accumulators (28 shuffles, 15 adds) in place of 16 separate
+// reductions (~64 shuffles), pairing lanes as vsum does (halves of 256, of 128, lanes j and j + 2, then 0 and 1),
+// so every sum is bitwise the one vsum gives: batch invariance holds across tile shapes.
+// Lane 4b + t of the result is the sum of in[b + 4t].
+static inline vec hsum16(const vec (&in)[16]) {
+  vec t[8], u[4], x[2];
+  for (int p = 0; p < 8; p++)   // 256-bit halves: blocks 0-1 <- in[2p], blocks 2-3 <- in[2p + 1]
+    t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0xEE));
+  for (int q = 0; q < 4; q++)   // 128-bit halves: block b <- in[4q + b]
+    u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0xDD));
+  for (int s = 0; s < 2; s++)   // lanes j and j + 2 within each block
+    x[s] = _mm512_add_ps(_mm512_unpacklo_ps(u[2 * s], u[2 * s + 1]), _mm512_unpackhi_ps(u[2 * s], u[2 * s + 1]));
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]))),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]))));
+}
+
+// The 4 x 4 tile's sums: acc[r][m] -> y[m0 + m, n0 + r] (int8: times scale[n0 + r], as in tile).
+template <int WT>
+inline void store_4x4(const vec (&acc)[4][4], const float* scale, float* y, int64_t N, int64_t n0, int64_t m0) {
+  // in[4r + m] = acc[r][m], and lane 4b + t sums in[b + 4t]: lane 4m + r holds acc[r][m]
+  vec out = hsum16(reinterpret_cast<const vec (&)[16]>(acc));
+  if (WT == 2) out = _mm512_mul_ps(out, _mm512_broadcast_f32x4(_mm_loadu_ps(scale + n0)));
+  _mm_storeu_ps(y + (m0 + 0) * N + n0, _mm512_extractf32x4_ps(out, 0));
+  _mm_storeu_ps(y + (m0 + 1) * N + n0, _mm512_extractf32x4_ps(out, 1));
+  _mm_storeu_ps(y + (m0 + 2) * N + n0, _mm512_extractf32x4_ps(out, 2));
+  _mm_storeu_ps(y + (m0 + 3) * N + n0, _mm512_extractf32x4_ps(out, 3));
+}
+#endif
 
 // Rows [n0, n0+R) of W against activation rows [m0, m0+M_): R*M_ accumulators in registers.
 template <int WT, int R, int M_>
@@ -114,7 +147,7 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
     for (int m = 0; m < M_; m++) xv[m] = ld_x(xr + m * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T0);
+      _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T1);
       vec wv = ld_w<WT>(wr + (r * K + k) * esize<WT>());
 #pragma GCC unroll 4
       for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);
@@ -129,6 +162,12 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
       for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);
     }
   }
+#if SWK_W == 16
+  if constexpr (R == 4 && M_ == 4) {
+    store_4x4<WT>(acc, scale, y, N, n0, m0);
+    return;
+  }
+#endif
   for (int r = 0; r < R; r++) {
     const float s = WT == 2 ? scale[n0 + r] : 1.0f;
     for (int m = 0; m < M_; m++) y[(m0 + m) * N + n0 + r] = WT == 2 ? vsum(acc[r][m]) * s : vsum(acc[r][m]);
