@@ -574,7 +574,8 @@ def run(a) -> int:
                  "reference": reference, "command": "python -m bench.e2e " + " ".join(sys.argv[1:]),
                  "machine": machine_info(dev, threads), "swiftk": {k: v for k, v in eng.info().items()
                                                                   if k in ("weight_bytes", "kv_cache_bytes",
-                                                                           "parameters", "backends")},
+                                                                           "parameters", "backends", "layer_loop",
+                                                                           "linear")},
                  "decode_config": eng.info()["decode_config"], "optimizer_config": eng.info()["optimizer_config"],
                  "costs": eng.costs.to_dict(), "load_time_s": load_s,
                  "peak_rss_mb": peak_rss_mb(), "skip_set_file": a.skip_set, "load_average_at_start": load_avg},

@@ -185,6 +185,8 @@ class Gate:
         if n or not self.auto or not values:
             st.ng_since = 0
             return n
+        if not self.tree_size(sunk_s, [1.0] * len(values)):
+            return 0   # not even a certain n-gram would pay for its verify pass: a probe can only lose
         st.ng_since += 1
         if st.ng_since < st.ng_probe_gap:
             return 0

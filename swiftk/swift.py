@@ -86,6 +86,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     arguments is touched."""
     dev = model.device
     st, timer, gate = DecodeStats(), Timer(), Gate(costs, state.stats, cfg)
+    state.stats.new_text()
     layer_draft = layer_draft and moa is None
     opt = state.optimizer if (cfg.optimize and skip is None and layer_draft) else None
     W = state.cfg.context_window
@@ -102,6 +103,8 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     t_start = t = time.perf_counter()
     pending = prefill(model, cache, prompt_ids, sampler)
     committed = list(prompt_ids)
+    if index is not None:   # the index holds committed + pending: its proposals continue *after* the tree's root
+        index.extend([pending])
     if moa is not None:
         moa.reset()
     st.decoding_steps = 1
@@ -169,7 +172,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             nxt = plain_step(model, cache, pending, sampler)
             committed.append(pending)
             if index is not None:
-                index.extend([pending])
+                index.extend([nxt])
             if head is not None:
                 head.add([pending])
             pending = nxt
@@ -201,7 +204,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         new = tree.tokens[path].tolist()
         committed += new
         if index is not None:
-            index.extend(new)
+            index.extend(new[1:] + [bonus])   # new[0] is the old root, indexed already
         if head is not None:
             head.add(new)
         _learn(state, tree, path.tolist(), ng_n, st)

@@ -53,7 +53,8 @@ def _prefix(m, cache, n=11, seed=3):
 
 
 @pytest.mark.parametrize("arch,over", [("llama", {}), ("qwen2", {}),
-                                       ("qwen2", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 80})])
+                                       ("qwen2", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 80}),
+                                       ("llama", {"hidden_size": 128})])   # head_dim 32: the vector attention path
 @pytest.mark.parametrize("T", [1, 5, 17])
 def test_fused_equals_op_by_op(fused_switch, arch, over, T):
     m = _model(arch, **over)
@@ -79,10 +80,11 @@ def test_fused_equals_op_by_op(fused_switch, arch, over, T):
         torch.testing.assert_close(kv_got, kv_ref, atol=2e-5, rtol=1e-4)
 
 
-def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch):
+@pytest.mark.parametrize("over", [{}, {"hidden_size": 128}])   # head_dim 18 (scalar tails) and 32 (vector path)
+def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over):
     """A chain verified in one pass gives each token the logits it gets decoded alone (the basis of greedy
     speculative output equal to plain decoding, independent of the tree's size)."""
-    m = _model()
+    m = _model(**over)
     cache = m.new_cache(64)
     n = _prefix(m, cache)
     toks = torch.tensor([5, 17, 42, 8, 60, 3])

@@ -173,6 +173,28 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
 
 
+def test_ngram_estimates_restart_with_each_prompt(eng, monkeypatch):
+    """Repetition is a property of the text: what chat prompts taught the n-gram estimates and the probe gap must
+    not keep the next prompt (say, an extraction question copying from its prompt) from verifying its n-grams."""
+    from swiftk.state import AcceptanceStats
+
+    st = AcceptanceStats()
+    for _ in range(20):
+        st.observe_ngram(4, False)
+    st.ng_probe_gap, st.ng_since = 128, 50
+    st.observe(0.9, True)   # layer-draft statistics belong to the skip set, not the text: kept
+    kept = (list(st.hits), list(st.tries))
+    st.new_text()
+    fresh = AcceptanceStats()
+    assert st.ngram_prob(4) == fresh.ngram_prob(4) and st.ng_probe_gap == fresh.ng_probe_gap and st.ng_since == 0
+    assert (st.hits, st.tries) == kept
+    # and the decode loop starts every prompt that way
+    calls, orig = [], AcceptanceStats.new_text
+    monkeypatch.setattr(AcceptanceStats, "new_text", lambda self: (calls.append(self), orig(self))[1])
+    eng.generate("def f(x):", max_new_tokens=4, method="swift")
+    assert calls == [eng.state.stats]
+
+
 @pytest.mark.parametrize("matchness, drafts", [(None, False), (0.0, False), (1.0, True)])
 def test_a_running_search_drafts_only_with_a_set_expected_to_pay(eng, monkeypatch, matchness, drafts):
     """While the search runs, the incumbent's measured matchness decides: no measurement yet or one predicting
