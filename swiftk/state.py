@@ -47,9 +47,9 @@ class AcceptanceStats:
     def new_text(self) -> None:
         """A new prompt: whether text repeats itself is a property of that text (an extraction question copies from
         its prompt, a story does not), so the n-gram estimates restart from the prior and probing from its shortest
-        gap. Measured: with estimates carried over from earlier chat prompts, MT-Bench's extraction prompt took plain
-        steps where transformers' prompt lookup ran at 2.5x. A prompt that does not repeat pays a few missed
-        proposals, each a verify pass of ~1.05 steps."""
+        gap, instead of carrying what earlier prompts taught (after a few chat prompts the probe gap had grown to
+        128 proposals). A prompt that does not repeat pays a few missed proposals, each a verify pass of ~1.05-1.15
+        steps."""
         fresh = AcceptanceStats(len(self.ng_hits) - 1)
         self.ng_hits, self.ng_tries = fresh.ng_hits, fresh.ng_tries
         self.ng_since, self.ng_probe_gap, self.ng_probing = 0, fresh.ng_probe_gap, False

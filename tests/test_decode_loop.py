@@ -173,6 +173,32 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
 
 
+@pytest.mark.parametrize("method", ["ngram", "swift"])
+def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
+    """The tree's root is the pending token (sampled, not yet in the cache): an n-gram proposal hangs under it, so
+    the index it is looked up in must end with that token. (It once ended one token earlier: every proposal was a
+    guess for the root itself, and MT-Bench's extraction prompt, a verbatim copy, accepted nothing.)"""
+    from swiftk.ngram import NgramIndex
+
+    seen, orig_propose, orig_build = [], NgramIndex.propose, swift_mod.build_tree
+
+    def propose(self, *a, **kw):
+        seen.append(["index", self.tokens[-1]])
+        return orig_propose(self, *a, **kw)
+
+    def build_tree(root, *a, **kw):
+        seen[-1].append(root)
+        return orig_build(root, *a, **kw)
+
+    monkeypatch.setattr(NgramIndex, "propose", propose)
+    monkeypatch.setattr(swift_mod, "build_tree", build_tree)
+    ref = ar(eng, n=48)
+    out = eng.generate(PROMPT, max_new_tokens=48, method=method, speculate="always", optimize=False)
+    assert out.token_ids == ref
+    rounds = [r for r in seen if len(r) == 3]
+    assert len(rounds) >= 10 and all(last == root for _, last, root in rounds)
+
+
 def test_ngram_estimates_restart_with_each_prompt(eng, monkeypatch):
     """Repetition is a property of the text: what chat prompts taught the n-gram estimates and the probe gap must
     not keep the next prompt (say, an extraction question copying from its prompt) from verifying its n-grams."""
