@@ -20,6 +20,11 @@ from .model import nbytes
 _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree_size)
+# Observations (steps and verify passes) after which a verify estimate above the prior has moved halfway back to
+# it. A pessimistic estimate is self-sealing -- the gate stops choosing that size, so nothing corrects it (a
+# persisted 4-token verify measured while another job shared the CPU, 3.8 steps, once kept drafting off for
+# good); an optimistic one is corrected by the passes it invites.
+_HALF_LIFE = 512
 
 
 def _ema(old: Optional[float], new: float) -> float:
@@ -42,7 +47,12 @@ class CostModel:
         # its first rounds with it, so it errs on the costly side.
         self.slope = 0.004 if gpu else 0.07
         self.step: Optional[float] = None     # seconds of a plain decode step
-        self.verify: dict = {}                # bucket -> seconds of a verify pass of that many tokens
+        # bucket -> a verify pass of that many tokens, in decode steps: a ratio survives a machine that got
+        # uniformly slower or faster since it was measured (another job, another process's persisted figures)
+        self.verify: dict = {}
+        self._seen: dict = {}                 # bucket -> clock of its last observation
+        self._clock = 0                       # observations so far (the age unit of _HALF_LIFE)
+        self._memo, self._memo_clock = {}, 0  # T -> ratio(T), rebuilt on a verify observation or as beliefs age
         self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
         self.opt: Optional[float] = None      # seconds of one matchness pass
         self.moa: Optional[float] = None      # seconds of one MoA drafter step (moa.runner)
@@ -52,16 +62,22 @@ class CostModel:
     # ---- observations
     def observe_step(self, dt: float) -> None:
         self.step = _ema(self.step, dt)
+        self._clock += 1
 
     def observe_verify(self, T: int, dt: float) -> None:
         if T == 1:
             return self.observe_step(dt)
+        if self.step is None:   # no plain step yet: the prior's shape stands in for one
+            return self.observe_step(dt / self._prior_v(T))
         b = min(BUCKETS, key=lambda x: abs(x - T))
-        dt = dt * self._prior_v(b) / self._prior_v(T)
+        r = dt / self.step * self._prior_v(b) / self._prior_v(T)
         old = self.verify.get(b)
         if old is None:  # a first observation is clipped too (to 3x the estimate so far): one hiccup must not stick
-            dt = min(dt, 3.0 * self.v(b))
-        self.verify[b] = _ema(old, dt)
+            r = min(r, 3.0 * self.ratio(b))
+        self.verify[b] = _ema(old, r)
+        self._seen[b] = self._clock
+        self._clock += 1
+        self._memo.clear()
 
     def observe_draft(self, skip: torch.Tensor, dt: float) -> None:
         if self.step is None:
@@ -86,14 +102,37 @@ class CostModel:
         return 1.0 + self.slope * (T - 1)
 
     def v(self, T: int) -> float:
-        """Seconds of a verify pass over T tokens: the nearest measured buckets, scaled by the prior's shape."""
-        step = self.step or 1.0
+        """Seconds of a verify pass over T tokens."""
+        return (self.step or 1.0) * self.ratio(T)
+
+    def ratio(self, T: int) -> float:
+        """A verify pass over T tokens in decode steps: the nearest measured bucket scaled by the prior's shape,
+        never above a measured larger pass (noise once left v(2) at 1.41 steps beside v(4) at 1.18), never
+        below one step."""
         if T <= 1:
-            return step
-        if not self.verify:
-            return step * self._prior_v(T)
-        b = min(self.verify, key=lambda x: abs(x - T))
-        return self.verify[b] * self._prior_v(T) / self._prior_v(b)
+            return 1.0
+        if self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not on every step
+            self._memo.clear()
+        if not self._memo:
+            self._memo_clock = self._clock
+        r = self._memo.get(T)
+        if r is None:
+            if not self.verify:
+                r = self._prior_v(T)
+            else:
+                b = min(self.verify, key=lambda x: abs(x - T))
+                r = self._believed(b) * self._prior_v(T) / self._prior_v(b)
+                r = min([r] + [self._believed(x) for x in self.verify if x >= T])
+            r = self._memo[T] = max(1.0, r)
+        return r
+
+    def _believed(self, b: int) -> float:
+        """The estimate for bucket b; one above the prior drifts back to it while b goes unobserved."""
+        r, p = self.verify[b], self._prior_v(b)
+        if r <= p:
+            return r
+        age = self._clock - self._seen.get(b, self._clock)
+        return p + (r - p) * 0.5 ** (age / _HALF_LIFE)
 
     def kept_fraction(self, skip: Optional[torch.Tensor]) -> float:
         """Share of the weight bytes a draft step with ``skip`` reads (the LM head is never skipped)."""
@@ -129,7 +168,8 @@ class CostModel:
         return max([T for T in BUCKETS if T >= 4 and self.v(T) <= limit * step] or [4])
 
     def to_dict(self) -> dict:
-        return {"step_s": self.step, "verify_s": {str(k): v for k, v in sorted(self.verify.items())},
+        step = self.step or 1.0
+        return {"step_s": self.step, "verify_s": {str(k): r * step for k, r in sorted(self.verify.items())},
                 "draft_overhead": self.overhead, "opt_step_s": self.opt, "attn_bytes": self.attn_bytes,
                 "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes,
                 "draft_head_bytes": self.draft_head_bytes, "moa_step_s": self.moa}
@@ -139,7 +179,12 @@ class CostModel:
         if step is not None and not (isinstance(step, (int, float)) and 0 < step < 60):
             raise ValueError("implausible step time")
         self.step = step
-        self.verify = {int(k): float(v) for k, v in (d.get("verify_s") or {}).items() if int(k) in BUCKETS}
+        # seconds in the file (readable), ratios here; figures from another process count as two half-lives old
+        # (one above the prior is a quarter believed: it may come from a run that shared the machine)
+        self.verify = {int(k): float(v) / step for k, v in (d.get("verify_s") or {}).items()
+                       if step and int(k) in BUCKETS and 0 < float(v) < 60}
+        self._seen = {b: self._clock - 2 * _HALF_LIFE for b in self.verify}
+        self._memo.clear()
         self.overhead = min(0.95, max(0.0, float(d.get("draft_overhead", self.overhead))))
         self.opt = d.get("opt_step_s")
 

@@ -173,6 +173,32 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
 
 
+def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
+    """Verify costs are kept in decode steps, never above a measured larger pass, and a pessimistic estimate the
+    gate stops choosing (so never re-measures) drifts back to the prior: a persisted v(4) of 3.8 steps once kept
+    4-token trees off for good."""
+    from swiftk import costs as C
+
+    c = CostModel(eng.model)
+    c.observe_step(0.02)
+    c.observe_verify(2, 0.0282)          # noise: 1.41 steps for 2 tokens ...
+    c.observe_verify(4, 0.0236)          # ... beside 1.18 for 4
+    assert c.v(2) <= c.v(4) == pytest.approx(0.0236)
+    assert c.ratio(3) <= c.ratio(4) and c.ratio(2) >= 1.0
+    for _ in range(50):                  # the machine gets twice as slow for everything: ratios carry over
+        c.observe_step(0.04)
+    assert c.v(4) == pytest.approx(0.04 * 1.18, rel=0.02)
+
+    stale = CostModel(eng.model)
+    stale.load_dict({"step_s": 0.0225, "verify_s": {"2": 0.0234, "4": 0.0866, "8": 0.0764}})
+    assert stale.ratio(4) <= stale.ratio(8)             # v(4) above the larger pass's estimate is not believed
+    before = stale.ratio(8)
+    for _ in range(4 * C._HALF_LIFE):                   # plain steps only: bucket 8 is never observed again
+        stale.observe_step(0.0225)
+    assert before > 1.5 and stale.ratio(8) < 1.1 * stale._prior_v(8)   # (another process: a quarter believed)
+    assert stale.ratio(2) == pytest.approx(0.0234 / 0.0225, rel=1e-6)  # below the prior: kept as measured
+
+
 @pytest.mark.parametrize("method", ["ngram", "swift"])
 def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
     """The tree's root is the pending token (sampled, not yet in the cache): an n-gram proposal hangs under it, so
