@@ -12,7 +12,8 @@ Configurations (one process, measurements interleaved so machine noise hits them
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
 share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
-next to the share of bytes that draft step reads. Part 2: greedy ``generate`` tok/s of each configuration and of
+next to the share of bytes that draft step reads, and the same draft step with the reduced-vocabulary draft head
+``generate`` uses (``draft_vocab`` frequent tokens plus the context's). Part 2: greedy ``generate`` tok/s of each configuration and of
 HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF, and of
 llama.cpp on the same GGUF file when llama-cpp-python is installed (bench/llamacpp.py; ``--no-llamacpp`` leaves it
 out): it runs the file's quantized blocks, so its ratio is the one to hold the opt-in ``int8`` format against.
@@ -88,15 +89,24 @@ def pass_costs(engines: dict, reps: int) -> dict:
         m.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), torch.arange(ctx), cache)
         cache.length = ctx
         use("kernel-fp32")
+    # the reduced-vocabulary draft head as generate builds it (DecodeConfig.draft_vocab frequent tokens + context)
+    from swiftk.config import DecodeConfig
+
+    heads = {}
+    for c, eng in engines.items():
+        h = eng._head_for(DecodeConfig().draft_vocab)
+        h.add((torch.arange(ctx) % 1000 + 100).tolist())
+        heads[c] = h.logits_full
     shapes = {"step": (1, None), "verify4": (4, None), "verify8": (8, None), "verify16": (16, None),
-              "draft": (1, skip)}
+              "draft": (1, skip), "draft_vh": (1, skip)}
     best = {(c, k): float("inf") for c in engines for k in shapes}
     for r in range(reps):
         for k, (T, sk) in shapes.items():
             ids, pos = torch.full((T,), 5), torch.arange(ctx, ctx + T)
             for c, eng in engines.items():
                 use(c)
-                dt = _time(lambda: eng.model.forward(ids, pos, pos, eng.cache, skip=sk))
+                hd = heads[c] if k == "draft_vh" else None
+                dt = _time(lambda: eng.model.forward(ids, pos, pos, eng.cache, skip=sk, head=hd))
                 if r:  # the first rep warms up
                     best[(c, k)] = min(best[(c, k)], dt)
     use("kernel-fp32")
@@ -163,12 +173,14 @@ def main(argv=None) -> int:
     costs = pass_costs(engines, a.reps)
     bw = max(bw, read_bandwidth())   # measured twice: one noisy burst must not inflate every roofline share
     lines = [f"| config | weights MB | step ms | GB/s (roofline share) | verify 4 | verify 8 | verify 16 | "
-             f"draft ({costs[configs[0]]['draft_skipped']} skipped) | draft bytes share |", "|---" * 9 + "|"]
+             f"draft ({costs[configs[0]]['draft_skipped']} skipped) | draft bytes share | draft, reduced head | "
+             "reduced / full-head draft |", "|---" * 11 + "|"]
     for c in configs:
         r = costs[c]
         lines.append(f"| {c} | {r['weight_mb']:.0f} | {r['step_ms']:.1f} | {r['weight_gb_s']:.1f} "
                      f"({r['weight_gb_s'] / bw:.0%}) | {r['verify4']:.2f} | {r['verify8']:.2f} | "
-                     f"{r['verify16']:.2f} | {r['draft']:.2f} | {r['draft_bytes_share']:.2f} |")
+                     f"{r['verify16']:.2f} | {r['draft']:.2f} | {r['draft_bytes_share']:.2f} | "
+                     f"{r['draft_vh']:.2f} | {r['draft_vh'] / r['draft']:.2f} |")
     print("\n".join(lines))
 
     # Part 2: generate, interleaved per prompt (rotating order).
