@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
 SHAPES = {"tree": {}, "chain": {"topk_greedy": ((0.0, 1),)}}
@@ -115,10 +116,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     base = out / f"moa-ablation_{a.model}_{device_kind(eng.device)}_{stamp}"
-    base.with_suffix(".md").write_text(md)
-    base.with_suffix(".json").write_text(json.dumps({"drafters": info, "rows": rows, "ar_tok_s": ar_rate,
-                                                     "prompts": len(items), "max_new_tokens": a.max_new_tokens},
-                                                    indent=1))
+    write_atomic(str(base) + ".md", md)
+    write_atomic(str(base) + ".json", json.dumps({"drafters": info, "rows": rows, "ar_tok_s": ar_rate,
+                                                  "prompts": len(items), "max_new_tokens": a.max_new_tokens}, indent=1))
     return 1 if any(r["mismatches"] for r in rows) else 0
 
 
