@@ -237,3 +237,26 @@ def test_shipped_drafter_is_lossless_and_useful_on_real_weights(smollm2_path):
         accepted += out.stats["accepted_by_source"]["draft"]
         rounds += out.stats["rounds"]
     assert rounds > 0 and (rounds + accepted) / rounds > 1.3, (accepted, rounds)
+
+
+def test_every_shipped_drafter_is_a_valid_file_for_its_registry_model():
+    """Each file under swiftk/moa/drafters loads (format, config, finite tensors that match it), names the model it
+    is looked up for, and fits that model's registry shape (n_layers) -- checked without downloading the model."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from swiftk.moa.model import load
+    from swiftk.registry import model_info
+
+    files = sorted((Path(swiftk.__file__).parent / "moa" / "drafters").glob("*.safetensors"))
+    assert {f.stem for f in files} >= {"smollm2-135m", "qwen2.5-coder-0.5b"}
+    for f in files:
+        drafter, extra = load(f)
+        with safe_open(str(f), framework="pt") as h:
+            target = json.loads(h.metadata()["target"])
+        assert target["name"] == f.stem and target["fingerprint"], (f, target)
+        assert drafter.cfg.n_layers == model_info(f.stem)["n_layers"]
+        assert extra["held_out"]["acceptance_by_depth"], f   # the training report travels with the weights
+        assert f.stat().st_size < 4 * 2**20                    # "a few MiB": small enough to ship
