@@ -111,10 +111,8 @@ class CostModel:
         below one step."""
         if T <= 1:
             return 1.0
-        if self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not on every step
-            self._memo.clear()
-        if not self._memo:
-            self._memo_clock = self._clock
+        if not self._memo or self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not per step
+            self._memo, self._memo_clock = {}, self._clock
         r = self._memo.get(T)
         if r is None:
             if not self.verify:
