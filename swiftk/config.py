@@ -288,6 +288,8 @@ class DecodeConfig:
     speculate: str = _opt("auto", str, choices=("auto", "always"),
                           help="auto: draft only when the cost model expects it to pay; always: every round (paper)")
     ngram: bool = _opt(True, bool, help="add prompt-lookup (n-gram) candidates from the context to the tree")
+    datastore: bool = _opt(True, bool, help="add corpus n-gram candidates (tables over the Python stdlib's source, "
+                           "swiftk/datastore.py) to the tree where the context has nothing better")
     draft_vocab: int = _opt(8192, int, 0, help="draft logits over this many frequent tokens plus every token of "
                             "the context (vocab.DraftHead); 0: the full LM head")
     sampling: str = _opt("coupled", str, choices=("coupled", "rejection"),

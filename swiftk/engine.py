@@ -90,6 +90,7 @@ class Engine:
         self._draft_head = None        # (size, vocab.DraftHead): the reduced-vocabulary draft head, built once
         self._fixed_states: dict = {}  # fixed drafts (early exit, static sets, n-grams) learn their own statistics
         self._moa = None               # moa.MoARunner, loaded at the first method="moa" call (or now, if given)
+        self._datastore = None         # datastore.Datastore, built (or read from $SWIFTK_HOME) at first use
         self._moa_info = None
         if drafter is not None:
             self.load_drafter(drafter)
@@ -246,6 +247,8 @@ class Engine:
         with self._lock:
             if method == "moa" and self._moa is None:
                 self.load_drafter(None)
+            if method != "autoregressive" and cfg.datastore and self._datastore is None:
+                self._datastore = self.datastore()
             if state is None:
                 state = self.state if fixed is None and method not in ("ngram", "moa") else \
                     self._state_for(method, fixed)
@@ -287,7 +290,8 @@ class Engine:
                     head = lambda: self._head_for(cfg.draft_vocab)  # noqa: E731 - built at the first draft step
                 stats = swift_decode(self.model, self.cache, state, self.costs, ids, sampler, sink, cfg,
                                      skip=None if fixed is None else fixed.to(self.device), head=head,
-                                     layer_draft=method != "ngram", moa=self._moa if method == "moa" else None)
+                                     layer_draft=method != "ngram", moa=self._moa if method == "moa" else None,
+                                     datastore=self._datastore if cfg.datastore else None)
         finally:
             if bar is not None:
                 bar.close()
@@ -299,6 +303,15 @@ class Engine:
             self._save_persisted()
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
                                 finish_reason=sink.finish_reason, stats=stats)
+
+    def datastore(self):
+        """The corpus n-gram tables for this model's tokenizer (swiftk/datastore.py): read from
+        ``$SWIFTK_HOME/datastore`` or built there once (~10 s), kept in memory for this engine."""
+        from .datastore import stdlib_datastore
+
+        if self._datastore is None:
+            self._datastore = stdlib_datastore(self.tokenizer, str(self.identity.get("fingerprint") or ""))
+        return self._datastore
 
     # ------------------------------------------------------------------ the MoA drafter
     def trained_drafter_path(self) -> Path:

@@ -24,7 +24,7 @@ from .moa.runner import moa_draft
 from .ngram import NgramIndex
 from .skipset import kvq_boundary, to_layers
 from .state import SkipSetState
-from .tree import DRAFT, NGRAM, SOURCE_NAMES, build_tree
+from .tree import DATASTORE, DRAFT, NGRAM, SOURCE_NAMES, build_tree
 
 
 def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
@@ -77,11 +77,12 @@ def optimization_step(model, cache, state: SkipSetState, costs: CostModel, windo
 
 
 def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids: list, sampler: Sampler, sink,
-                 cfg, *, skip=None, head=None, layer_draft: bool = True, moa=None) -> DecodeStats:
+                 cfg, *, skip=None, head=None, layer_draft: bool = True, moa=None, datastore=None) -> DecodeStats:
     """Decode with the speculative loop. ``skip`` fixes the draft's skip set (early exit, static sets: no
     optimization); ``layer_draft=False`` drafts from context n-grams only (method "ngram"); ``head``: a factory
     of the reduced-vocabulary draft head (vocab.DraftHead), called at the first draft, or None for the full LM
-    head. ``moa``: a moa.MoARunner, the trained MoA drafter in place of the layer-skip draft. ``state`` is read
+    head. ``moa``: a moa.MoARunner, the trained MoA drafter in place of the layer-skip draft. ``datastore``: a
+    datastore.Datastore whose corpus n-grams join the tree beside the context's (free drafts). ``state`` is read
     and updated (skip-set search, acceptance statistics); nothing else outside the
     arguments is touched."""
     dev = model.device
@@ -94,10 +95,11 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     bins = cfg.topk_greedy if sampler.greedy else cfg.topk_sampling
     max_nodes = cfg.max_tree_nodes or (64 if gate.auto else costs.budget())
     index = NgramIndex(prompt_ids) if (cfg.ngram or not (layer_draft or moa)) and not rejection else None
+    corpus = datastore if cfg.datastore and not rejection else None   # deterministic drafts: as n-grams
     calibrate = state.stats.calibrate if gate.auto else (lambda p: p)
     boundary_of = (None, None)  # (skip set, its KVQ boundary layer) when cfg.kvq
     P = len(prompt_ids)
-    st.accepted_by_source = {"draft": 0, "ngram": 0}
+    st.accepted_by_source = {"draft": 0, "ngram": 0, "datastore": 0}
     make_head, head = head, None
 
     t_start = t = time.perf_counter()
@@ -151,11 +153,15 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             props = index.propose(min(cfg.max_draft, max_nodes - 1))
             if props:
                 ng, ng_n = props[0].tokens, props[0].n
+        ds, ds_b = [], []
+        if corpus is not None and measured:
+            ds, ds_b = corpus.propose(committed[-2:] + [pending], min(cfg.max_draft, max_nodes - 1))
         t_draft = time.perf_counter() - t
         tree = None
-        if levels or ng:
+        if levels or ng or ds:
             tree = build_tree(pending, levels, n, max_nodes, dev, ngram=ng,
                               ngram_probs=[state.stats.ngram_prob(ng_n)] * len(ng), calibrate=calibrate,
+                              datastore=ds, datastore_probs=[state.stats.datastore_prob(b) for b in ds_b],
                               choose_size=lambda vals: gate.ngram_size(t_draft, vals) if not levels
                               else gate.tree_size(t_draft, vals) if gate.auto else len(vals))
         if levels and moa is not None:
@@ -207,7 +213,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             index.extend(new[1:] + [bonus])   # new[0] is the old root, indexed already
         if head is not None:
             head.add(new)
-        _learn(state, tree, path.tolist(), ng_n, st)
+        _learn(state, tree, path.tolist(), ng_n, ds_b, st)
         if state.stats.ng_probing:
             gate.ngram_probed(L > 1)
         if levels:  # the round's speed in plain-step units, priced by the (measured, smoothed) cost model
@@ -216,7 +222,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             expect = (1.0 + sum(tree.value[1:])) / (t_draft + costs.v(N))
             st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t - t0, 1e-9), 3)))
         st.accept_lengths.append(L)
-        st.drafted_tokens += len(levels) + tree.source.count(NGRAM)  # spine depth + n-gram nodes verified
+        st.drafted_tokens += len(levels) + tree.source.count(NGRAM) + tree.source.count(DATASTORE)  # spine + free
         st.accepted_tokens += L - 1
         st.tree_sizes.append(N)
         st.phases.append(phase)
@@ -273,10 +279,11 @@ def _budget(state: SkipSetState) -> float:
     return b if promising else b / 5
 
 
-def _learn(state: SkipSetState, tree, path: list, ng_n: int, st: DecodeStats) -> None:
+def _learn(state: SkipSetState, tree, path: list, ng_n: int, ds_b: list, st: DecodeStats) -> None:
     """Acceptance statistics: every node whose parent was reached either was accepted or not."""
     on = set(path)
     par = tree.parents.tolist()
+    depth = tree.depth.tolist() if DATASTORE in tree.source else None   # a corpus node at depth d is ds_b[d - 1]
     for i in range(1, tree.size):
         if par[i] in on:
             hit = i in on
@@ -284,5 +291,7 @@ def _learn(state: SkipSetState, tree, path: list, ng_n: int, st: DecodeStats) ->
                 state.stats.observe(tree.prob[i], hit)
             elif tree.source[i] == NGRAM:
                 state.stats.observe_ngram(ng_n, hit)
+            elif tree.source[i] == DATASTORE:
+                state.stats.observe_datastore(ds_b[depth[i] - 1], hit)
     for i in path[1:]:
         st.accepted_by_source[SOURCE_NAMES[tree.source[i]]] += 1

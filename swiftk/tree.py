@@ -18,8 +18,8 @@ import torch
 from .config import GREEDY_TOPK, SAMPLING_TOPK  # noqa: F401  (re-exported: the tree's top-k bins)
 from .errors import SwiftkError
 
-ROOT, DRAFT, NGRAM = 0, 1, 2        # node sources, reported per accepted token
-SOURCE_NAMES = ("root", "draft", "ngram")
+ROOT, DRAFT, NGRAM, DATASTORE = 0, 1, 2, 3   # node sources, reported per accepted token
+SOURCE_NAMES = ("root", "draft", "ngram", "datastore")
 
 
 # ------------------------------------------------------------------------------------------- formats
@@ -141,7 +141,7 @@ class Tree:
     mask: TreeMask          # prefix + ancestor relation for the verify pass
     draft_probs: Optional[torch.Tensor]  # [N, V] for rejection sampling (rows of spine nodes), else None
     n_spine: int            # nodes 0..n_spine-1 are the layer-skip draft's spine (root included)
-    source: list            # per node: ROOT, DRAFT or NGRAM
+    source: list            # per node: ROOT, DRAFT, NGRAM or DATASTORE
     value: list             # per node: estimated probability that it is accepted (the gate's currency)
     prob: list              # per node: the source's own probability for its token (draft prob, n-gram estimate)
 
@@ -152,11 +152,14 @@ class Tree:
 
 def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *,
                ngram: Optional[list] = None, ngram_probs: Optional[list] = None,
+               datastore: Optional[list] = None, datastore_probs: Optional[list] = None,
                calibrate: Callable[[float], float] = lambda p: p,
                choose_size: Optional[Callable[[list], int]] = None) -> Tree:
-    """Lay out root + spine + siblings (+ an n-gram chain), keep the best nodes by estimated acceptance.
+    """Lay out root + spine + siblings (+ an n-gram chain, + a corpus n-gram chain), keep the best nodes by
+    estimated acceptance.
 
-    A node's value is its parent's times ``calibrate(draft prob)`` (n-gram nodes: ``ngram_probs[d]``). Values never
+    A node's value is its parent's times ``calibrate(draft prob)`` (n-gram nodes: ``ngram_probs[d]``, corpus nodes
+    ``datastore_probs[d]``; a chain runs through nodes already there while its tokens agree). Values never
     exceed the parent's and, among draft siblings, never exceed an earlier-drawn sibling's (a running minimum), so
     the kept set is closed under ancestors and keeps a prefix of each node's children in draw order -- which
     rejection sampling needs when siblings were drawn without replacement. ``choose_size(sorted values)`` (the
@@ -182,6 +185,9 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
             prev = s
     if ngram:
         _add_chain(parents, tokens, score, source, prob, ngram, ngram_probs or [0.5] * len(ngram))
+    if datastore:
+        _add_chain(parents, tokens, score, source, prob, datastore, datastore_probs or [0.2] * len(datastore),
+                   DATASTORE)
     N = len(parents)
     order = sorted(range(N), key=lambda i: (-score[i], i))
     keep_n = min(N, max_nodes)
@@ -217,7 +223,7 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
 
 
 
-def _add_chain(parents, tokens, score, source, prob, chain, probs) -> None:
+def _add_chain(parents, tokens, score, source, prob, chain, probs, src: int = NGRAM) -> None:
     """Hang ``chain`` under the root, walking existing nodes while their tokens agree (no duplicate children)."""
     children: dict = {}
     for i in range(1, len(parents)):
@@ -229,7 +235,7 @@ def _add_chain(parents, tokens, score, source, prob, chain, probs) -> None:
             parents.append(node)
             tokens.append(tok)
             score.append(min(score[node] + _log(probs[d]), score[node]))
-            source.append(NGRAM)
+            source.append(src)
             prob.append(probs[d])
             hit = len(parents) - 1
             children[(node, tok)] = hit

@@ -51,6 +51,12 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     assert ng.token_ids == ref and ng.stats.skip_set is None                        # method="ngram": no layer draft
     out = eng.generate(PROMPT, max_new_tokens=40, ngram=False, optimize=False, **ALWAYS)
     assert out.stats.accepted_by_source["ngram"] == 0                               # ngram=False
+    from swiftk.datastore import Datastore
+    eng._datastore = Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2)   # a corpus that knows the answer
+    on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, **ALWAYS)
+    off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, **ALWAYS)
+    assert on.token_ids == off.token_ids == ref                                     # datastore
+    assert on.stats.accepted_by_source["datastore"] > 0 == off.stats.accepted_by_source["datastore"]
     steps = eng.optimizer.steps
     eng.generate(PROMPT, max_new_tokens=60, optimize=False, **ALWAYS)
     assert eng.optimizer.steps == steps                                             # optimize=False
@@ -82,7 +88,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
 def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
     bad = {"max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
            "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
-           "sampling": "gumbel", "draft_vocab": -1}[field]
+           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes"}[field]
     with pytest.raises(SwiftkError, match=field):
         eng.generate(PROMPT, max_new_tokens=4, **{field: bad})
 

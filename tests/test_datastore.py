@@ -1,0 +1,119 @@
+"""Corpus n-gram drafting (swiftk/datastore.py): the tables, their file, and their drafts in the decode loop."""
+import numpy as np
+import pytest
+import torch
+
+import swiftk
+from swiftk.datastore import CONF_BINS, MAX_N, Datastore, bucket
+from swiftk.errors import SwiftkError
+from swiftk.tree import DATASTORE, NGRAM, build_tree
+
+
+def brute(corpus, ctx, min_count=2):
+    """The longest suffix of ctx (<= MAX_N) seen >= min_count times in corpus, and its most frequent follower."""
+    for n in range(min(MAX_N, len(ctx)), 0, -1):
+        follow = {}
+        for i in range(n - 1, len(corpus) - 1):
+            if corpus[i - n + 1:i + 1] == ctx[-n:]:
+                follow[corpus[i + 1]] = follow.get(corpus[i + 1], 0) + 1
+        tot = sum(follow.values())
+        if tot >= min_count:
+            best = min(follow, key=lambda t: (-follow[t], t))
+            return best, n, follow[best] / tot
+    return None
+
+
+def test_lookup_matches_a_brute_force_count_on_random_text():
+    rng = np.random.default_rng(0)
+    corpus = rng.integers(0, 12, 3000).tolist() + [70000, 5, 6, 70000, 5, 7, 70000, 5, 6]
+    ds = Datastore.build(corpus)
+    for _ in range(300):
+        ctx = rng.integers(0, 13, 4).tolist()
+        assert ds.lookup(ctx) == brute(corpus, ctx), ctx
+    # longest match wins; ties go to the lower token id; a follower seen once is no key (MIN_COUNT)
+    assert ds.lookup([70000, 5]) == (6, 2, 2 / 3)
+    assert ds.lookup([99]) is None and ds.lookup([]) is None
+    assert Datastore.build([1, 2, 3]).lookup([1]) is None
+
+
+def test_propose_continues_greedily_and_reports_buckets():
+    corpus = [1, 2, 3, 4, 9] * 5 + [1, 2, 3, 5]
+    ds = Datastore.build(corpus)
+    toks, bks = ds.propose([7, 1, 2], 4)
+    assert toks == [3, 4, 9, 1]
+    assert bks[0] == bucket(2, 1.0) and bks[1] == bucket(3, 5 / 6)
+    assert ds.propose([8], 4) == ([], []) and ds.propose([1, 2], 0) == ([], [])
+    assert bucket(1, 0.0) == 0 and bucket(MAX_N, 1.0) == MAX_N * (len(CONF_BINS) + 1) - 1
+
+
+def test_bad_corpus_is_rejected():
+    with pytest.raises(SwiftkError, match="token ids"):
+        Datastore.build([1, -2, 3])
+    with pytest.raises(SwiftkError, match="token ids"):
+        Datastore.build([1, 1 << 21])
+
+
+def test_file_round_trip_and_corrupt_files(tmp_path, monkeypatch):
+    ds = Datastore.build([1, 2, 3, 1, 2, 3, 1, 2, 4])
+    p = tmp_path / "d.npz"
+    ds.save(p)
+    back = Datastore.load(p)
+    assert back.lookup([1, 2]) == ds.lookup([1, 2]) and len(back) == len(ds)
+    assert [f.name for f in tmp_path.iterdir()] == ["d.npz"]   # no temporary left behind
+    p.write_bytes(b"not a zip")
+    with pytest.raises(Exception):
+        Datastore.load(p)
+    # the cached stdlib tables: an unreadable file is rebuilt over, a good one read back
+    import swiftk.datastore as dsm
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
+    a = dsm.stdlib_datastore(None, "fp", max_tokens=9)
+    (f,) = (tmp_path / "home" / "datastore").iterdir()
+    f.write_bytes(b"garbage")
+    b = dsm.stdlib_datastore(None, "fp", max_tokens=9)
+    assert a.lookup([5, 6]) == b.lookup([5, 6]) == (7, 2, 2 / 3)
+    assert Datastore.load(f).lookup([5, 6]) == (7, 2, 2 / 3)
+
+
+def test_tree_with_context_and_corpus_chains_shares_their_common_prefix():
+    t = build_tree(100, [], 10, 16, "cpu", ngram=[1, 2, 3], ngram_probs=[0.9] * 3,
+                   datastore=[1, 2, 7, 8], datastore_probs=[0.5] * 4)
+    assert t.tokens.tolist() == [100, 1, 2, 3, 7, 8]
+    assert t.parents.tolist() == [-1, 0, 1, 2, 2, 4]
+    assert t.source[1:] == [NGRAM, NGRAM, NGRAM, DATASTORE, DATASTORE]
+
+
+@pytest.fixture
+def eng(tiny_dir):
+    torch.set_num_threads(1)
+    return swiftk.load(str(tiny_dir), persist=False)
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_corpus_drafts_are_verified_like_any_draft(eng, sampling):
+    """A corpus that holds the model's own continuation: its drafts are accepted, and the output is exactly plain
+    decoding's (greedy; coupled sampling with a seed draws the same tokens whatever the drafts)."""
+    kw = {"temperature": 0.8, "seed": 3} if sampling else {}
+    prompt = "w3 w9 w1"
+    ref = eng.generate(prompt, max_new_tokens=40, method="autoregressive", **kw)
+    eng._datastore = Datastore.build((ref.prompt_ids + ref.token_ids) * 2)
+    for method in ("ngram", "swift"):
+        out = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False, ngram=False,
+                           **kw)
+        assert out.token_ids == ref.token_ids
+        assert out.stats.accepted_by_source["datastore"] > 0
+        off = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False,
+                           ngram=False, datastore=False, **kw)
+        assert off.token_ids == ref.token_ids and off.stats.accepted_by_source["datastore"] == 0
+
+
+def test_corpus_estimates_learn_and_outlive_the_prompt(eng):
+    """Misses lower a bucket's estimate (the gate stops paying for it); a new prompt keeps what was learned."""
+    st = eng.state.stats
+    before = st.datastore_prob(3)
+    for _ in range(10):
+        st.observe_datastore(3, False)
+    assert st.datastore_prob(3) < before / 2
+    low = st.datastore_prob(3)
+    st.new_text()
+    assert st.datastore_prob(3) == low
