@@ -20,8 +20,9 @@ SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``gen
   on another task this is the Self-SD static comparison (a set found offline on one task, applied to others).
 
 Other swiftk drafting modes: ``swiftk-ee<E>`` = early-exit draft (layers 0..E-1 + LM head) with the KVQ cache
-(``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``); ``swiftk-ngram`` = prompt lookup inside
-swiftk (method "ngram").
+(``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``); ``swiftk-ngram`` = method "ngram" (prompt
+lookup plus the corpus n-grams of swiftk/datastore.py), ``swiftk-pld`` = the same with the corpus off (prompt lookup
+alone inside swiftk).
 
 Writes under ``--out`` (file names carry model, dtype, device kind and date): ``*.samples.jsonl`` (Spec-Bench
 fields + ours), ``*.summary.json``, ``*.md`` (the tables printed at the end) and plots (``bench.plots``).
@@ -46,11 +47,12 @@ from swiftk.errors import SwiftkError
 
 AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
     "swiftk-ngram", "swiftk-moa"
+PLD = "swiftk-pld"   # method "ngram" with the corpus n-grams off: prompt lookup alone (the datastore's A/B)
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
 AR_EAGER = "swiftk-ar-eager"   # autoregressive with the CUDA graphs off (CUDA only: the same as swiftk-ar elsewhere)
 SWIFT_METHODS = (COLD, WARM, SAVED, PAPER)
 PAPER_OPTIONS = {"speculate": "always", "ngram": False}
-DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, PLD, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
 # swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
@@ -272,7 +274,7 @@ def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_h
             out += [MOA if lb == "" else f"{MOA}-{lb}" for lb in (drafters or {})]
         elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
-        elif m in (HF_GREEDY, HF_PLD, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM):
+        elif m in (HF_GREEDY, HF_PLD, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, PLD):
             out.append(m)
         else:
             raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)}, hf-ee<E> or swiftk-ee<E>")
@@ -359,7 +361,7 @@ def markdown_tables(summary: dict) -> str:
         lines.append(f"**{w}** ({next(iter(cell.values()))['prompts']} prompts)")
         lines.append("")
         lines.append("| method | tok/s | × HF greedy | × swiftk AR | × best HF | M | α | opt share | plain | tree | "
-                     f"accepted draft/ngram | mismatches vs {meta['reference']} |")
+                     f"accepted draft/ngram/corpus | mismatches vs {meta['reference']} |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for m, c in cell.items():
             lines.append(f"| {m} | {_f(c['tokens_per_s'], '{:.1f}')} | {_f(c['speedup_vs_hf_greedy'])} | "
@@ -367,6 +369,7 @@ def markdown_tables(summary: dict) -> str:
                          f"{_f(c['alpha'])} | {_f(c['opt_share'], '{:.0%}')} | {_f(c.get('plain_share'), '{:.0%}')} | "
                          f"{_f(c.get('mean_tree'), '{:.1f}')} | "
                          + (f"{c['accepted_by_source'].get('draft', 0)}/{c['accepted_by_source'].get('ngram', 0)}"
+                            f"/{c['accepted_by_source'].get('datastore', 0)}"
                             if c.get("accepted_by_source") else "–") + " | "
                          f"{c['mismatches_vs_hf'] if meta['reference'] != AR else c['mismatches_vs_ar']} |")
         lines.append("")
@@ -503,6 +506,8 @@ def run(a) -> int:
             _swiftk_run(eng, wid, 8, method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
         elif m == NGRAM:
             _swiftk_run(eng, wid, 8, method="ngram")
+        elif m == PLD:
+            _swiftk_run(eng, wid, 8, method="ngram", datastore=False)
         elif m.startswith(MOA):
             _moa_run(eng, drafters, m, wid, 8)
     hf_dead: dict = {}
@@ -541,6 +546,8 @@ def run(a) -> int:
                                     kvq=bool(a.kvq))
                 elif m == NGRAM:
                     r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram")
+                elif m == PLD:
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram", datastore=False)
                 elif m.startswith(MOA):
                     r = _moa_run(eng, drafters, m, it["ids"], a.max_new_tokens)
                 elif m == AR_EAGER:
