@@ -143,18 +143,14 @@ class Datastore:
 
 def stdlib_ids(tokenizer, max_tokens: int) -> list:
     """The corpus: the standard library's modules in path order (test suites excluded), joined by EOS."""
-    from .moa.data import stdlib_files
+    from .moa.data import stdlib_docs
 
     eos = min(tokenizer.eos_ids) if tokenizer.eos_ids else 0
     out: list = []
-    for p in stdlib_files():
+    for ids in stdlib_docs(tokenizer):
         if len(out) >= max_tokens:
             break
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        out.extend(tokenizer.encode(text, add_bos=False)[: max_tokens - len(out)])
+        out.extend(ids[: max_tokens - len(out)])
         out.append(eos)
     return out[:max_tokens]
 

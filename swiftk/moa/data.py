@@ -34,6 +34,16 @@ def stdlib_files() -> list:
     return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(skip))
 
 
+def stdlib_docs(tokenizer):
+    """Token ids of each readable stdlib module, in path order (the corpus of the drafter and of datastore.py)."""
+    for p in stdlib_files():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        yield tokenizer.encode(text, add_bos=False)
+
+
 def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progress: bool = True) -> list:
     """Token ids of the corpus (documents joined by EOS), at most ``max_tokens``."""
     eos = min(eng.tokenizer.eos_ids) if eng.tokenizer.eos_ids else 0
@@ -48,14 +58,10 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
         if len(out) >= max_tokens:
             break
         if src == "stdlib":
-            for p in stdlib_files():
+            for ids in stdlib_docs(eng.tokenizer):
                 if len(out) >= max_tokens:
                     break
-                try:
-                    text = p.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError):
-                    continue
-                add(eng.tokenizer.encode(text, add_bos=False)[:STDLIB_DOC_TOKENS])  # many modules, not a few
+                add(ids[:STDLIB_DOC_TOKENS])  # many modules, not a few
             continue
         path = Path(src)
         if not path.is_file():
