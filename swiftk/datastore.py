@@ -83,6 +83,10 @@ class Datastore:
             tables[n] = (pk[key_start][keep], tok[keep], cnt[keep], total[keep])
         return cls(tables)
 
+    def max_token(self) -> int:
+        """The largest token id the tables can propose (-1 when empty)."""
+        return max((int(t[1].max()) for t in self.tables.values() if len(t[1])), default=-1)
+
     def __len__(self) -> int:
         return sum(len(t[0]) for t in self.tables.values())
 

@@ -307,10 +307,18 @@ class Engine:
     def datastore(self):
         """The corpus n-gram tables for this model's tokenizer (swiftk/datastore.py): read from
         ``$SWIFTK_HOME/datastore`` or built there once (~10 s), kept in memory for this engine."""
-        from .datastore import stdlib_datastore
+        from .datastore import Datastore, stdlib_datastore
 
         if self._datastore is None:
-            self._datastore = stdlib_datastore(self.tokenizer, str(self.identity.get("fingerprint") or ""))
+            try:
+                ds = stdlib_datastore(self.tokenizer, str(self.identity.get("fingerprint") or ""))
+                if ds.max_token() >= self.config.vocab_size:
+                    raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({self.config.vocab_size})")
+            except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode the corpus (a custom one)
+                warnings.warn(f"swiftk: no corpus n-grams for this tokenizer ({type(e).__name__}: {str(e)[:200]}); "
+                              "decoding without them")
+                ds = Datastore.build([])   # empty: proposes nothing, and is not rebuilt at every call
+            self._datastore = ds
         return self._datastore
 
     # ------------------------------------------------------------------ the MoA drafter

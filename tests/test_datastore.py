@@ -117,3 +117,17 @@ def test_corpus_estimates_learn_and_outlive_the_prompt(eng):
     low = st.datastore_prob(3)
     st.new_text()
     assert st.datastore_prob(3) == low
+
+
+def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(eng, monkeypatch):
+    """A custom tokenizer that fails on the corpus, or maps it past the model's vocabulary: a warning, no corpus
+    drafts, output unchanged (the datastore is an optional source, never a reason for generate to fail)."""
+    import swiftk.datastore as dsm
+
+    ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
+    monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
+    eng._datastore = None
+    with pytest.warns(UserWarning, match="no corpus n-grams"):
+        out = eng.generate("w3 w9 w1", max_new_tokens=12, method="ngram", speculate="always")
+    assert out.token_ids == ref and out.stats.accepted_by_source["datastore"] == 0
+    assert eng.datastore().max_token() == -1   # kept empty: not rebuilt at every call
