@@ -145,6 +145,8 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
     for (int m = 0; m < M_; m++) acc[r][m] = vzero();
+  bool pf[R];
+  for (int r = 0; r < R; r++) pf[r] = r % pf_period == pf_phase;
   const char* wr = w + n0 * K * esize<WT>();
   const float* xr = x + m0 * K;
   const int64_t Kv = K - K % SWK_W;
@@ -154,7 +156,7 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
     for (int m = 0; m < M_; m++) xv[m] = ld_x(xr + m * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      if (r % pf_period == pf_phase) _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T1);
+      if (pf[r]) _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T1);
       vec wv = ld_w<WT>(wr + (r * K + k) * esize<WT>());
 #pragma GCC unroll 4
       for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);

@@ -247,8 +247,8 @@ class Engine:
         with self._lock:
             if method == "moa" and self._moa is None:
                 self.load_drafter(None)
-            if method != "autoregressive" and cfg.datastore and self._datastore is None:
-                self._datastore = self.datastore()
+            if method != "autoregressive" and cfg.datastore:
+                self.datastore()   # built (or read) once, before the timed loop
             if state is None:
                 state = self.state if fixed is None and method not in ("ngram", "moa") else \
                     self._state_for(method, fixed)

@@ -21,6 +21,7 @@ from .costs import CostModel, Gate
 from .drafter import draft, matchness
 from .generate import DecodeStats, Sampler, Timer, plain_step, prefill
 from .moa.runner import moa_draft
+from .datastore import MAX_N as CORPUS_N
 from .ngram import NgramIndex
 from .skipset import kvq_boundary, to_layers
 from .state import SkipSetState
@@ -155,7 +156,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
                 ng, ng_n = props[0].tokens, props[0].n
         ds, ds_b = [], []
         if corpus is not None and measured:
-            ds, ds_b = corpus.propose(committed[-2:] + [pending], min(cfg.max_draft, max_nodes - 1))
+            ds, ds_b = corpus.propose(committed[1 - CORPUS_N:] + [pending], min(cfg.max_draft, max_nodes - 1))
         t_draft = time.perf_counter() - t
         tree = None
         if levels or ng or ds:
