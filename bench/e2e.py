@@ -11,9 +11,11 @@ SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``gen
 
 - ``swift-cold``: the default ``generate`` from a cold start: a fresh learned state and a fresh cost model at the
   start of each workload (nothing persisted is read), optimization time included, state carried across the
-  workload's prompts as a user's session would.
+  workload's prompts as a user's session would (the outputs it decoded draft for its later prompts: ``history``).
+- ``swift-nohist``: the same with ``history=False`` (the A/B of the session-history drafts).
 - ``swift-paper``: the paper's rules from a cold state: draft every round (eps 0.8, fixed tree budget), matchness
-  objective at r = 0.45, optimize on every round; the baseline the speed-aware loop replaced.
+  objective at r = 0.45, optimize on every round, layer drafts only (no n-gram, history or corpus drafts); the
+  baseline the speed-aware loop replaced.
 - ``swift-warm``: a tuning pass (fresh optimizer, SWIFT over the same prompts, run before the measured pass) saves
   its best skip set; the measured pass loads it (``eng.load_skip_set``) and does not optimize.
 - ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization. With a file from ``swiftk optimize`` run
@@ -22,7 +24,9 @@ SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``gen
 Other swiftk drafting modes: ``swiftk-ee<E>`` = early-exit draft (layers 0..E-1 + LM head) with the KVQ cache
 (``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``); ``swiftk-ngram`` = method "ngram" (prompt
 lookup plus the corpus n-grams of swiftk/datastore.py), ``swiftk-pld`` = the same with the corpus off (prompt lookup
-alone inside swiftk).
+alone inside swiftk). Every swiftk arm but autoregressive owns a learned state, fresh at the start of each workload:
+an arm's earlier outputs draft for its later prompts (as in a user's session), never for another arm's, and no
+state sees a measured prompt before it is measured.
 
 Writes under ``--out`` (file names carry model, dtype, device kind and date): ``*.samples.jsonl`` (Spec-Bench
 fields + ours), ``*.summary.json``, ``*.md`` (the tables printed at the end) and plots (``bench.plots``).
@@ -48,11 +52,13 @@ from swiftk.errors import SwiftkError
 AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
     "swiftk-ngram", "swiftk-moa"
 PLD = "swiftk-pld"   # method "ngram" with the corpus n-grams off: prompt lookup alone (the datastore's A/B)
+NOHIST = "swift-nohist"   # swift-cold with history=False: the earlier outputs' n-grams off (the history's A/B)
 HF_GREEDY, HF_PLD = "hf-greedy", "hf-pld"
 AR_EAGER = "swiftk-ar-eager"   # autoregressive with the CUDA graphs off (CUDA only: the same as swiftk-ar elsewhere)
-SWIFT_METHODS = (COLD, WARM, SAVED, PAPER)
-PAPER_OPTIONS = {"speculate": "always", "ngram": False}
-DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, PLD, MOA, "swiftk-ee", "hf-ee", HF_PLD)  # "*-ee": one per E
+SWIFT_METHODS = (COLD, NOHIST, WARM, SAVED, PAPER)
+PAPER_OPTIONS = {"speculate": "always", "ngram": False, "history": False, "datastore": False}   # layer drafts only
+DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, NOHIST, WARM, SAVED, PAPER, NGRAM, PLD, MOA, "swiftk-ee", "hf-ee",
+                   HF_PLD)  # "*-ee": one per E
 # swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
 WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
 
@@ -200,6 +206,8 @@ def new_state(eng, method, skip_set_file=None):
     """The learned state a SWIFT variant decodes with (and the per-call options that go with it)."""
     if method == PAPER:
         return eng.new_state(objective="matchness", opt_budget=1.0), PAPER_OPTIONS
+    if method == NOHIST:
+        return eng.new_state(), {"history": False}
     st = eng.new_state()
     if skip_set_file is not None:
         st.use(eng.read_skip_set(skip_set_file))
@@ -207,7 +215,9 @@ def new_state(eng, method, skip_set_file=None):
 
 
 def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
-    """``state``: (SkipSetState, options) of a SWIFT variant, or None for ``gen_kw`` (default autoregressive)."""
+    """``state``: (SkipSetState, options) of the arm (its own learned state: skip set, acceptance statistics and
+    the outputs it decoded, never shared with another arm) with ``gen_kw`` on top (default method "swift"), or
+    None for ``gen_kw`` alone (default autoregressive)."""
     dev = eng.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -216,7 +226,7 @@ def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
     if state is None:
         r = eng.generate(ids, max_new_tokens=max_new, **({"method": "autoregressive"} | gen_kw))
     else:
-        r = eng.generate(ids, max_new_tokens=max_new, method="swift", state=state[0], **state[1])
+        r = eng.generate(ids, max_new_tokens=max_new, state=state[0], **({"method": "swift"} | state[1] | gen_kw))
     sync(dev)
     wall = time.perf_counter() - t0
     s = r.stats
@@ -274,7 +284,7 @@ def expand_methods(names, n_layers: int, early_exit, have_skip_set: bool, have_h
             out += [MOA if lb == "" else f"{MOA}-{lb}" for lb in (drafters or {})]
         elif (m.startswith("hf-ee") and m[5:].isdigit()) or (m.startswith("swiftk-ee") and m[9:].isdigit()):
             out.append(m)
-        elif m in (HF_GREEDY, HF_PLD, AR, AR_EAGER, COLD, WARM, SAVED, PAPER, NGRAM, PLD):
+        elif m in (HF_GREEDY, HF_PLD, AR, AR_EAGER, COLD, NOHIST, WARM, SAVED, PAPER, NGRAM, PLD):
             out.append(m)
         else:
             raise SwiftkError(f"unknown method {m!r}; use {', '.join(DEFAULT_METHODS)}, hf-ee<E> or swiftk-ee<E>")
@@ -361,15 +371,15 @@ def markdown_tables(summary: dict) -> str:
         lines.append(f"**{w}** ({next(iter(cell.values()))['prompts']} prompts)")
         lines.append("")
         lines.append("| method | tok/s | × HF greedy | × swiftk AR | × best HF | M | α | opt share | plain | tree | "
-                     f"accepted draft/ngram/corpus | mismatches vs {meta['reference']} |")
+                     f"accepted draft/ngram/history/corpus | mismatches vs {meta['reference']} |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for m, c in cell.items():
             lines.append(f"| {m} | {_f(c['tokens_per_s'], '{:.1f}')} | {_f(c['speedup_vs_hf_greedy'])} | "
                          f"{_f(c['speedup_vs_swiftk_ar'])} | {_f(c['speedup_vs_best_hf'])} | {_f(c['M'])} | "
                          f"{_f(c['alpha'])} | {_f(c['opt_share'], '{:.0%}')} | {_f(c.get('plain_share'), '{:.0%}')} | "
                          f"{_f(c.get('mean_tree'), '{:.1f}')} | "
-                         + (f"{c['accepted_by_source'].get('draft', 0)}/{c['accepted_by_source'].get('ngram', 0)}"
-                            f"/{c['accepted_by_source'].get('datastore', 0)}"
+                         + ("/".join(str(c['accepted_by_source'].get(k, 0))
+                                     for k in ("draft", "ngram", "history", "datastore"))
                             if c.get("accepted_by_source") else "–") + " | "
                          f"{c['mismatches_vs_hf'] if meta['reference'] != AR else c['mismatches_vs_ar']} |")
         lines.append("")
@@ -497,19 +507,23 @@ def run(a) -> int:
 
     # Warm-up: first calls pay one-off costs (allocations, lazy imports, the SWIFT tree budget measurement).
     wid = prompts[workloads[0]][0]["ids"]
+
+    def fresh():
+        return eng.new_state(), {}
+
     _swiftk_run(eng, wid, 8)
     if any(m in SWIFT_METHODS or m.startswith("swiftk-ee") for m in methods):
         _swiftk_run(eng, wid, 16, new_state(eng, COLD))
         print(f"# cost model after warm-up: {json.dumps(eng.costs.to_dict())}")
-    for m in methods:
+    for m in methods:   # (throwaway states: an arm's measured state must not have seen a measured prompt)
         if m.startswith("swiftk-ee"):
-            _swiftk_run(eng, wid, 8, method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
+            _swiftk_run(eng, wid, 8, fresh(), method="early_exit", exit_layer=_ee_layer(m), kvq=bool(a.kvq))
         elif m == NGRAM:
-            _swiftk_run(eng, wid, 8, method="ngram")
+            _swiftk_run(eng, wid, 8, fresh(), method="ngram")
         elif m == PLD:
-            _swiftk_run(eng, wid, 8, method="ngram", datastore=False)
+            _swiftk_run(eng, wid, 8, fresh(), method="ngram", datastore=False)
         elif m.startswith(MOA):
-            _moa_run(eng, drafters, m, wid, 8)
+            _moa_run(eng, drafters, m, wid, 8, fresh())
     hf_dead: dict = {}
     for m in methods:
         if m.startswith("hf-"):
@@ -531,9 +545,11 @@ def run(a) -> int:
             states[WARM] = new_state(eng, WARM, tuning[w]["file"])
         if SAVED in methods:
             states[SAVED] = new_state(eng, SAVED, a.skip_set)
-        for m in (COLD, PAPER):
-            if m in methods:
+        for m in methods:
+            if m in (COLD, NOHIST, PAPER):
                 states[m] = new_state(eng, m)  # fresh at the start of each workload's stream
+            elif m in (NGRAM, PLD) or m.startswith(MOA) or m.startswith("swiftk-ee"):
+                states[m] = fresh()            # likewise: the outputs an arm decoded draft only for that arm
         for i, it in enumerate(items):
             order = methods[i % len(methods):] + methods[: i % len(methods)]
             got = {}
@@ -542,14 +558,14 @@ def run(a) -> int:
                     r = _hf_call(hf, it["ids"], a.max_new_tokens, m)
                     r["text"] = eng.tokenizer.decode(r["token_ids"])
                 elif m.startswith("swiftk-ee"):
-                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="early_exit", exit_layer=_ee_layer(m),
-                                    kvq=bool(a.kvq))
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states[m], method="early_exit",
+                                    exit_layer=_ee_layer(m), kvq=bool(a.kvq))
                 elif m == NGRAM:
-                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram")
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states[m], method="ngram")
                 elif m == PLD:
-                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="ngram", datastore=False)
+                    r = _swiftk_run(eng, it["ids"], a.max_new_tokens, states[m], method="ngram", datastore=False)
                 elif m.startswith(MOA):
-                    r = _moa_run(eng, drafters, m, it["ids"], a.max_new_tokens)
+                    r = _moa_run(eng, drafters, m, it["ids"], a.max_new_tokens, states[m])
                 elif m == AR_EAGER:
                     r = _eager_run(eng, it["ids"], a.max_new_tokens)
                 else:
@@ -623,13 +639,13 @@ def _eager_run(eng, ids, max_new) -> dict:
         eng.model.graphs = graphs
 
 
-def _moa_run(eng, drafters, m, ids, max_new) -> dict:
+def _moa_run(eng, drafters, m, ids, max_new, state) -> dict:
     """One swiftk-moa run with the drafter of its label (loaded before the clock starts)."""
     path = drafters[m[len(MOA) + 1:]]
     if (eng.info()["drafter"] or {}).get("path") != path:
         eng.load_drafter(path)
     info = eng.info()["drafter"]
-    r = _swiftk_run(eng, ids, max_new, method="moa")
+    r = _swiftk_run(eng, ids, max_new, state, method="moa")
     r["drafter"] = {k: info[k] for k in ("tli", "lsa", "parameters")}
     return r
 

@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     info = {}
     for lb, path in drafters.items():   # warm-up, and each drafter's description
         eng.load_drafter(path)
-        _swiftk_run(eng, items[0]["ids"], 8, method="moa", ngram=False, speculate="always")
+        _swiftk_run(eng, items[0]["ids"], 8, method="moa", ngram=False, history=False, datastore=False,
+                    speculate="always")
         d = eng.info()["drafter"]
         info[lb] = {"path": path, "tli": d["tli"], "lsa": d["lsa"], "parameters": d["parameters"],
                     "held_out": d.get("held_out"), "train_s": d.get("train_s")}
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
             if eng.info()["drafter"]["path"] != drafters[lb]:
                 eng.load_drafter(drafters[lb])
             runs[(lb, sh)] = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="moa", ngram=False,
-                                         speculate="always", **SHAPES[sh])
+                                         history=False, datastore=False, speculate="always", **SHAPES[sh])
         for k, r in runs.items():
             t = tot[k]
             t["tokens"] += r["new_tokens"]

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 HF_PREFIX = "hf-"
-MAIN_METHODS_ORDER = ("hf-greedy", "hf-pld", "swiftk-ar", "swift-cold", "swift-paper", "swiftk-ngram", "swift-warm",
-                      "swift-saved")
+MAIN_METHODS_ORDER = ("hf-greedy", "hf-pld", "swiftk-ar", "swift-cold", "swift-nohist", "swift-paper", "swiftk-ngram",
+                      "swift-warm", "swift-saved")
 
 
 def latest_summaries(results: Path, device_kind=None, models=None) -> list:

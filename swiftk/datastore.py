@@ -107,17 +107,24 @@ class Datastore:
                 return int(tok[i]), n, float(cnt[i]) / float(tot[i])
         return None
 
-    def propose(self, context: list, k: int) -> tuple:
+    def propose(self, context: list, k: int, prob=None, floor: float = 0.0) -> tuple:
         """Up to ``k`` tokens continuing ``context`` (each the most frequent follower of the longest known suffix),
-        and the statistics bucket of each. Empty when the last token was never seen."""
+        and the statistics bucket of each. Empty when the last token was never seen. With ``prob`` (bucket ->
+        estimated acceptance) the chain stops before its cumulative estimate falls below ``floor``."""
         ctx, toks, buckets = list(context[-MAX_N:]), [], []
+        value = 1.0
         for _ in range(k):
             got = self.lookup(ctx)
             if got is None:
                 break
             t, n, share = got
+            b = bucket(n, share)
+            if prob is not None:
+                value *= prob(b)
+                if value < floor:
+                    break
             toks.append(t)
-            buckets.append(bucket(n, share))
+            buckets.append(b)
             ctx = ctx[1:] + [t] if len(ctx) >= MAX_N else ctx + [t]
         return toks, buckets
 

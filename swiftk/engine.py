@@ -249,6 +249,8 @@ class Engine:
                 self.load_drafter(None)
             if method != "autoregressive" and cfg.datastore:
                 self.datastore()   # built (or read) once, before the timed loop
+            if method not in ("autoregressive", "ngram") and self._head_size(cfg.draft_vocab):
+                self._head_for(cfg.draft_vocab)   # likewise the draft head (its token ranking: ~2 s once per machine)
             if state is None:
                 state = self.state if fixed is None and method not in ("ngram", "moa") else \
                     self._state_for(method, fixed)
@@ -296,6 +298,7 @@ class Engine:
             if bar is not None:
                 bar.close()
         wall = time.perf_counter() - t0
+        state.history.add(sink.ids)   # every output decoded with this state drafts for later prompts (history=)
         stats.method, stats.new_tokens, stats.prompt_tokens = method, len(sink.ids), len(ids)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
         stats.exit_layer = exit_layer if method == "early_exit" else None
@@ -360,7 +363,8 @@ class Engine:
 
     def _head_for(self, size: int):
         """The reduced-vocabulary draft head for one call: the ``size`` most frequent tokens (the loop adds every
-        token of the context). Built once per engine, lazily: a call that never drafts never pays for it."""
+        token of the context). Built once per engine, before the first call that may draft (generate), so a call's
+        timings hold decoding only."""
         if self._draft_head is None or self._draft_head[0] != size:  # (size, base count, head)
             from .registry import swiftk_home
             from .vocab import DraftHead, frequent_token_ids

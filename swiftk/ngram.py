@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional
 
 from .errors import SwiftkError
 
@@ -91,6 +91,24 @@ class NgramIndex:
                     return drafts
         return drafts
 
+    def lookup(self, suffix: list, k: int, stop: Optional[int] = None) -> Optional[NgramDraft]:
+        """The continuation in this index of the longest suffix of ``suffix`` (another text's tail): up to k tokens
+        after its most recent occurrence, cut before ``stop`` (a document separator). None when nothing follows."""
+        L = len(self.tokens)
+        for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
+            ends = self._ends.get(tuple(suffix[len(suffix) - n:]))
+            if not ends:
+                continue
+            for p in reversed(ends):
+                out = []
+                for t in self.tokens[p + 1: min(L, p + 1 + k)]:
+                    if t == stop:
+                        break
+                    out.append(t)
+                if out:
+                    return NgramDraft(out, n, sum(1 for q in ends if q + 1 < L and self.tokens[q + 1] == out[0]))
+        return None
+
     def _copy(self, start: int, k: int) -> list[int]:
         """Up to k tokens from `start`; a match close to the end gives a short draft (it stops at the end).
 
@@ -106,3 +124,47 @@ class NgramIndex:
             src = start + j
             out.append(seq[src] if src < L else out[src - L])
         return out
+
+
+SEPARATOR = -1   # between two outputs in an OutputHistory: no n-gram continues across it
+
+
+class OutputHistory:
+    """The model's earlier outputs (one learned state's), an n-gram source across prompts.
+
+    A model repeats itself from answer to answer -- Qwen2.5-Coder ends many HumanEval completions with
+    ``# Check function to verify the correctness of the solution`` and a ``check_solution`` of asserts, chat models
+    open and close answers alike -- so the continuation of the current suffix in what it generated before is a
+    free draft where the current context has none (the idea of SuffixDecoding, Oliaro et al. 2024, with an n-gram
+    index instead of a suffix tree). Kept in memory only (user outputs are never written to disk), at most
+    ``max_tokens``: past that, the older half is dropped.
+    """
+
+    def __init__(self, max_tokens: int = 32768, max_n: int = 4):
+        if max_tokens < 2:
+            raise SwiftkError(f"max_tokens must be >= 2, got {max_tokens}")
+        self.max_tokens, self.max_n = max_tokens, max_n
+        self.index = NgramIndex([], max_n=max_n)
+        self.outputs = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, tokens: list) -> None:
+        """Append one finished output."""
+        tokens = [int(t) for t in tokens][-(self.max_tokens - 1):]
+        if not tokens:
+            return
+        if len(self.index) + len(tokens) + 1 > self.max_tokens:   # keep at most half the bound of the old text
+            room = min(self.max_tokens // 2, self.max_tokens - len(tokens) - 1)
+            old = self.index.tokens[len(self.index) - room:] if room > 0 else []
+            start = old.index(SEPARATOR) + 1 if SEPARATOR in old else len(old)   # whole outputs only
+            self.index = NgramIndex(old[start:], max_n=self.max_n)
+        self.index.extend(tokens + [SEPARATOR])
+        self.outputs += 1
+
+    def propose(self, context: list, k: int) -> Optional[NgramDraft]:
+        """What followed the longest suffix (<= max_n tokens) of ``context`` most recently in earlier outputs."""
+        if k <= 0 or not len(self.index):
+            return None
+        return self.index.lookup(context[-self.max_n:], k, stop=SEPARATOR)

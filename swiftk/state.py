@@ -1,7 +1,8 @@
 """The learned state of self-speculative decoding, in one owner.
 
 :class:`SkipSetState` holds the skip-set optimizer (whose incumbent *is* the draft's skip set), the acceptance
-statistics the speed gate learns, and ``tokens_seen``. The engine keeps one per model; a benchmark may keep
+statistics the speed gate learns, the outputs decoded so far (an n-gram source for later prompts; not persisted)
+and ``tokens_seen``. The engine keeps one per model; a benchmark may keep
 several side by side and pass each to ``eng.generate(..., state=...)``. It persists as JSON (``save``/``load``)
 so a new process starts from what the last one learned (engine.py chooses the file per model, device and dtype).
 """
@@ -17,6 +18,7 @@ from .atomic import write_json_atomic
 from .config import OptimizerConfig
 from .datastore import CONF_BINS, N_BUCKETS
 from .errors import SwiftkError
+from .ngram import OutputHistory
 from .optimizer import SkipSetOptimizer
 
 STATE_VERSION = 2
@@ -46,6 +48,11 @@ class AcceptanceStats:
         mids = [(lo + hi) / 2 for lo, hi in zip((0.0, *CONF_BINS), (*CONF_BINS, 1.0))]
         self.ds_tries = [2.0] * N_BUCKETS
         self.ds_hits = [2.0 * 0.5 * mids[b % len(mids)] * (0.8 + 0.2 * (b // len(mids))) for b in range(N_BUCKETS)]
+        # the session's earlier outputs (ngram.OutputHistory), per match length: prior 0.1 at n=1 .. 0.4 at n=4, 2
+        # pseudo-observations; kept from prompt to prompt like the corpus estimates (a model's habits of repeating
+        # itself across answers belong to the traffic, not to one text), with the same fast forgetting
+        self.hs_tries = [2.0] * (max_n + 1)
+        self.hs_hits = [2.0 * min(0.4, 0.1 * max(n, 1)) for n in range(max_n + 1)]
         self.draft_rate: Optional[float] = None  # EMA of drafting rounds' speed, in plain-step units
         self.since_draft = 0
         self.probe_gap = 4
@@ -70,6 +77,15 @@ class AcceptanceStats:
     def ngram_prob(self, n: int) -> float:
         n = min(n, len(self.ng_hits) - 1)
         return self.ng_hits[n] / self.ng_tries[n]
+
+    def history_prob(self, n: int) -> float:
+        n = min(n, len(self.hs_hits) - 1)
+        return self.hs_hits[n] / self.hs_tries[n]
+
+    def observe_history(self, n: int, hit: bool) -> None:
+        n = min(n, len(self.hs_hits) - 1)
+        self.hs_hits[n] = _NG_DECAY * self.hs_hits[n] + hit
+        self.hs_tries[n] = _NG_DECAY * self.hs_tries[n] + 1
 
     def datastore_prob(self, b: int) -> float:
         return self.ds_hits[b] / self.ds_tries[b]
@@ -110,6 +126,7 @@ class SkipSetState:
         self.cfg = (cfg or OptimizerConfig()).validate()
         self.optimizer = SkipSetOptimizer(n_layers, self.cfg)
         self.stats = AcceptanceStats()
+        self.history = OutputHistory()   # the outputs decoded with this state (in memory only, never saved)
         self.tokens_seen = 0
         self.time_decode_s = 0.0     # wall time decoded with this state (the optimization budget's base)
         self.time_optimize_s = 0.0

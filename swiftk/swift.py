@@ -12,6 +12,7 @@ n, n+1, ... and advances the committed length.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -25,7 +26,7 @@ from .datastore import MAX_N as CORPUS_N
 from .ngram import NgramIndex
 from .skipset import kvq_boundary, to_layers
 from .state import SkipSetState
-from .tree import DATASTORE, DRAFT, NGRAM, SOURCE_NAMES, build_tree
+from .tree import DATASTORE, DRAFT, HISTORY, NGRAM, SOURCE_NAMES, Chain, build_tree
 
 
 def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
@@ -95,12 +96,15 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
     rejection = not sampler.greedy and cfg.sampling == "rejection"
     bins = cfg.topk_greedy if sampler.greedy else cfg.topk_sampling
     max_nodes = cfg.max_tree_nodes or (64 if gate.auto else costs.budget())
-    index = NgramIndex(prompt_ids) if (cfg.ngram or not (layer_draft or moa)) and not rejection else None
-    corpus = datastore if cfg.datastore and not rejection else None   # deterministic drafts: as n-grams
+    use_ngram = cfg.ngram and not rejection   # free drafts are deterministic: rejection sampling has no rule for them
+    history = state.history if cfg.history and not rejection and len(state.history) else None
+    # the context index; the history is looked up with the context's tail, which the index holds
+    index = NgramIndex(prompt_ids) if use_ngram or history is not None else None
+    corpus = datastore if cfg.datastore and not rejection else None
     calibrate = state.stats.calibrate if gate.auto else (lambda p: p)
     boundary_of = (None, None)  # (skip set, its KVQ boundary layer) when cfg.kvq
     P = len(prompt_ids)
-    st.accepted_by_source = {"draft": 0, "ngram": 0, "datastore": 0}
+    st.accepted_by_source = {"draft": 0, "ngram": 0, "history": 0, "datastore": 0}
     make_head, head = head, None
 
     t_start = t = time.perf_counter()
@@ -149,20 +153,29 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
                            max_spine=max_nodes - 1, topk_bins=bins, boundary=boundary_of[1],
                            head=None if head is None else head.logits_full,
                            rejection=rejection)
-        ng, ng_n = [], 0
+        chains, meta = [], {}   # free drafts (no model call), and per source what its estimate is keyed by
+        k, floor = min(cfg.max_draft, max_nodes - 1), gate.value_floor
         if index is not None and measured:
-            props = index.propose(min(cfg.max_draft, max_nodes - 1))
+            props = index.propose(k) if use_ngram else None
             if props:
-                ng, ng_n = props[0].tokens, props[0].n
-        ds, ds_b = [], []
+                p = state.stats.ngram_prob(props[0].n)
+                chains.append(Chain(props[0].tokens[:_useful(p, k, floor)], [p] * k, NGRAM))
+                meta[NGRAM] = props[0].n
+            if history is not None:
+                hp = history.propose(index.tokens[-history.max_n:], k)
+                if hp is not None:
+                    p = state.stats.history_prob(hp.n)
+                    chains.append(Chain(hp.tokens[:_useful(p, k, floor)], [p] * k, HISTORY))
+                    meta[HISTORY] = hp.n
         if corpus is not None and measured:
-            ds, ds_b = corpus.propose(committed[1 - CORPUS_N:] + [pending], min(cfg.max_draft, max_nodes - 1))
+            ds, ds_b = corpus.propose(committed[1 - CORPUS_N:] + [pending], k, state.stats.datastore_prob, floor)
+            if ds:
+                chains.append(Chain(ds, [state.stats.datastore_prob(b) for b in ds_b], DATASTORE))
+                meta[DATASTORE] = ds_b
         t_draft = time.perf_counter() - t
         tree = None
-        if levels or ng or ds:
-            tree = build_tree(pending, levels, n, max_nodes, dev, ngram=ng,
-                              ngram_probs=[state.stats.ngram_prob(ng_n)] * len(ng), calibrate=calibrate,
-                              datastore=ds, datastore_probs=[state.stats.datastore_prob(b) for b in ds_b],
+        if levels or chains:
+            tree = build_tree(pending, levels, n, max_nodes, dev, chains=chains, calibrate=calibrate,
                               choose_size=lambda vals: gate.ngram_size(t_draft, vals) if not levels
                               else gate.tree_size(t_draft, vals) if gate.auto else len(vals))
         if levels and moa is not None:
@@ -214,7 +227,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             index.extend(new[1:] + [bonus])   # new[0] is the old root, indexed already
         if head is not None:
             head.add(new)
-        _learn(state, tree, path.tolist(), ng_n, ds_b, st)
+        _learn(state, tree, path.tolist(), meta, st)
         if state.stats.ng_probing:
             gate.ngram_probed(L > 1)
         if levels:  # the round's speed in plain-step units, priced by the (measured, smoothed) cost model
@@ -223,7 +236,7 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
             expect = (1.0 + sum(tree.value[1:])) / (t_draft + costs.v(N))
             st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t - t0, 1e-9), 3)))
         st.accept_lengths.append(L)
-        st.drafted_tokens += len(levels) + tree.source.count(NGRAM) + tree.source.count(DATASTORE)  # spine + free
+        st.drafted_tokens += len(levels) + sum(1 for x in tree.source if x > DRAFT)  # spine + free
         st.accepted_tokens += L - 1
         st.tree_sizes.append(N)
         st.phases.append(phase)
@@ -247,6 +260,16 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
         st.bo_errors = list(o.bo_errors)
     st.costs = costs.to_dict()
     return st.finish()
+
+
+def _useful(p: float, k: int, floor: float) -> int:
+    """Tokens of a chain whose every token is accepted with chance p (given its parent) worth building: the
+    first d with p^d >= floor (at most k)."""
+    if floor <= 0.0 or p >= 1.0:
+        return k
+    if p <= 0.0:
+        return 0
+    return max(0, min(k, int(math.log(floor) / math.log(p) + 1e-9)))
 
 
 def _build_head(make_head, committed: list):
@@ -280,19 +303,22 @@ def _budget(state: SkipSetState) -> float:
     return b if promising else b / 5
 
 
-def _learn(state: SkipSetState, tree, path: list, ng_n: int, ds_b: list, st: DecodeStats) -> None:
-    """Acceptance statistics: every node whose parent was reached either was accepted or not."""
+def _learn(state: SkipSetState, tree, path: list, meta: dict, st: DecodeStats) -> None:
+    """Acceptance statistics: every node whose parent was reached either was accepted or not. ``meta``: per free
+    source what its estimate is keyed by (match length; for the corpus one bucket per depth)."""
     on = set(path)
     par = tree.parents.tolist()
-    depth = tree.depth.tolist() if DATASTORE in tree.source else None   # a corpus node at depth d is ds_b[d - 1]
+    depth = tree.depth.tolist() if DATASTORE in meta else None   # a corpus node at depth d is meta[DATASTORE][d - 1]
     for i in range(1, tree.size):
         if par[i] in on:
             hit = i in on
             if tree.source[i] == DRAFT:
                 state.stats.observe(tree.prob[i], hit)
             elif tree.source[i] == NGRAM:
-                state.stats.observe_ngram(ng_n, hit)
+                state.stats.observe_ngram(meta[NGRAM], hit)
+            elif tree.source[i] == HISTORY:
+                state.stats.observe_history(meta[HISTORY], hit)
             elif tree.source[i] == DATASTORE:
-                state.stats.observe_datastore(ds_b[depth[i] - 1], hit)
+                state.stats.observe_datastore(meta[DATASTORE][depth[i] - 1], hit)
     for i in path[1:]:
         st.accepted_by_source[SOURCE_NAMES[tree.source[i]]] += 1

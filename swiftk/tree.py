@@ -2,8 +2,9 @@
 kernels read (:class:`TreeMask`), and the tree builder.
 
 A tree is general (a parent index per node, topological order, node 0 = the root = the pending token). Its nodes
-come from two sources: the layer-skip draft (a spine -- its top-1 chain -- with candidate siblings hanging off
-every spine node) and context n-grams (a chain copied from earlier text, joined where it agrees with the spine).
+come from the layer-skip draft (a spine -- its top-1 chain -- with candidate siblings hanging off every spine node)
+and from free chains (:class:`Chain`: context n-grams, the session's earlier outputs, corpus n-grams), each joined
+where it agrees with nodes already there.
 Spine nodes are stored first, so when the spine is accepted its KV already sits in the right slots and the commit
 copies nothing.
 """
@@ -18,8 +19,8 @@ import torch
 from .config import GREEDY_TOPK, SAMPLING_TOPK  # noqa: F401  (re-exported: the tree's top-k bins)
 from .errors import SwiftkError
 
-ROOT, DRAFT, NGRAM, DATASTORE = 0, 1, 2, 3   # node sources, reported per accepted token
-SOURCE_NAMES = ("root", "draft", "ngram", "datastore")
+ROOT, DRAFT, NGRAM, DATASTORE, HISTORY = 0, 1, 2, 3, 4   # node sources, reported per accepted token
+SOURCE_NAMES = ("root", "draft", "ngram", "datastore", "history")
 
 
 # ------------------------------------------------------------------------------------------- formats
@@ -134,6 +135,16 @@ class DraftLevel:
 
 
 @dataclass
+class Chain:
+    """A free draft (no model call): ``tokens`` continuing the root, ``probs[d]`` the estimated chance that token
+    d is accepted given its parent was, and the ``source`` reported for its accepted tokens."""
+
+    tokens: list
+    probs: list
+    source: int
+
+
+@dataclass
 class Tree:
     parents: torch.Tensor   # [N] long, parents[0] = -1
     tokens: torch.Tensor    # [N] long
@@ -141,7 +152,7 @@ class Tree:
     mask: TreeMask          # prefix + ancestor relation for the verify pass
     draft_probs: Optional[torch.Tensor]  # [N, V] for rejection sampling (rows of spine nodes), else None
     n_spine: int            # nodes 0..n_spine-1 are the layer-skip draft's spine (root included)
-    source: list            # per node: ROOT, DRAFT, NGRAM or DATASTORE
+    source: list            # per node: ROOT, DRAFT or the source of the free chain that added it
     value: list             # per node: estimated probability that it is accepted (the gate's currency)
     prob: list              # per node: the source's own probability for its token (draft prob, n-gram estimate)
 
@@ -150,17 +161,16 @@ class Tree:
         return self.parents.shape[0]
 
 
-def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *,
-               ngram: Optional[list] = None, ngram_probs: Optional[list] = None,
-               datastore: Optional[list] = None, datastore_probs: Optional[list] = None,
+def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *, chains=(),
                calibrate: Callable[[float], float] = lambda p: p,
                choose_size: Optional[Callable[[list], int]] = None) -> Tree:
-    """Lay out root + spine + siblings (+ an n-gram chain, + a corpus n-gram chain), keep the best nodes by
-    estimated acceptance.
+    """Lay out root + spine + siblings + the free ``chains`` (in order), keep the best nodes by estimated
+    acceptance.
 
-    A node's value is its parent's times ``calibrate(draft prob)`` (n-gram nodes: ``ngram_probs[d]``, corpus nodes
-    ``datastore_probs[d]``; a chain runs through nodes already there while its tokens agree). Values never
-    exceed the parent's and, among draft siblings, never exceed an earlier-drawn sibling's (a running minimum), so
+    A node's value is its parent's times ``calibrate(draft prob)`` (a chain's node: ``chain.probs[d]``; a chain
+    runs through nodes already there while its tokens agree, and a node two sources agree on keeps the larger
+    value). Values never exceed the parent's and, among draft siblings, never exceed an earlier-drawn sibling's
+    (a running minimum), so
     the kept set is closed under ancestors and keeps a prefix of each node's children in draw order -- which
     rejection sampling needs when siblings were drawn without replacement. ``choose_size(sorted values)`` (the
     speed gate) may keep fewer than ``max_nodes``.
@@ -183,11 +193,9 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
             source.append(DRAFT)
             prob.append(lv.probs[r])
             prev = s
-    if ngram:
-        _add_chain(parents, tokens, score, source, prob, ngram, ngram_probs or [0.5] * len(ngram))
-    if datastore:
-        _add_chain(parents, tokens, score, source, prob, datastore, datastore_probs or [0.2] * len(datastore),
-                   DATASTORE)
+    for ch in chains:
+        if ch.tokens:
+            _add_chain(parents, tokens, score, source, prob, ch)
     N = len(parents)
     order = sorted(range(N), key=lambda i: (-score[i], i))
     keep_n = min(N, max_nodes)
@@ -204,11 +212,16 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
         tokens, score = [tokens[i] for i in keep], [score[i] for i in keep]
         source, prob = [source[i] for i in keep], [prob[i] for i in keep]
         n_spine = sum(1 for i in keep if i < n_spine)
-    # Built on the host (a few dozen tiny ops: on a GPU each would be a kernel launch), then moved in 3 copies.
-    par = torch.tensor(parents, dtype=torch.long)
-    anc = ancestor_matrix(par)
-    ptd = torch.stack([par, torch.tensor(tokens, dtype=torch.long), anc.sum(1) - 1])   # parents, tokens, depth
-    bits = pack_tree_mask(anc)
+    # Built on the host (on a GPU every tiny op would be a kernel launch), then moved in 3 copies. Parents come
+    # first, so each node's ancestor set is its parent's plus itself: one Python int per node is the packed mask.
+    anc_bits = []
+    for i, p in enumerate(parents):
+        anc_bits.append((anc_bits[p] if p >= 0 else 0) | (1 << i))
+    W = (len(parents) + 31) // 32
+    bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
+                        dtype=torch.int32)
+    anc = unpack_tree_mask(bits, len(parents))
+    ptd = torch.tensor([parents, tokens, [m.bit_count() - 1 for m in anc_bits]], dtype=torch.long)  # + depth
     dev = torch.device(device)
     if dev.type != "cpu":
         ptd, anc, bits = ptd.to(dev), anc.to(dev), bits.to(dev)
@@ -223,23 +236,36 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
 
 
 
-def _add_chain(parents, tokens, score, source, prob, chain, probs, src: int = NGRAM) -> None:
-    """Hang ``chain`` under the root, walking existing nodes while their tokens agree (no duplicate children)."""
+def _add_chain(parents, tokens, score, source, prob, chain: Chain) -> None:
+    """Hang ``chain`` under the root, walking existing nodes while their tokens agree (no duplicate children).
+
+    Where it runs through a free node whose value is lower than its own estimate, that node (and, to keep values
+    monotone along every path, nothing else: its descendants keep theirs) takes the larger value -- two sources
+    agreeing make a token likelier than either alone. Draft nodes keep their value: raising one could reorder
+    draft siblings, whose draw order rejection sampling needs."""
     children: dict = {}
     for i in range(1, len(parents)):
         children.setdefault((parents[i], tokens[i]), i)
     node = 0
-    for d, tok in enumerate(chain):
+    for d, tok in enumerate(chain.tokens):
+        s = min(score[node] + _log(chain.probs[d]), score[node])
         hit = children.get((node, tok))
         if hit is None:
             parents.append(node)
             tokens.append(tok)
-            score.append(min(score[node] + _log(probs[d]), score[node]))
-            source.append(src)
-            prob.append(probs[d])
+            score.append(s)
+            source.append(chain.source)
+            prob.append(chain.probs[d])
             hit = len(parents) - 1
             children[(node, tok)] = hit
+        elif source[hit] != DRAFT and s > score[hit]:
+            score[hit] = s
         node = hit
+
+
+def _int32(u: int) -> int:
+    """The low 32 bits of ``u`` read as a signed int32 (the packed mask's word format)."""
+    return u - (1 << 32) if u >= 1 << 31 else u
 
 
 def _log(p: float) -> float:

@@ -6,7 +6,7 @@ import torch
 import swiftk
 from swiftk.datastore import CONF_BINS, MAX_N, Datastore, bucket
 from swiftk.errors import SwiftkError
-from swiftk.tree import DATASTORE, NGRAM, build_tree
+from swiftk.tree import DATASTORE, NGRAM, Chain, build_tree
 
 
 def brute(corpus, ctx, min_count=2):
@@ -76,11 +76,16 @@ def test_file_round_trip_and_corrupt_files(tmp_path, monkeypatch):
 
 
 def test_tree_with_context_and_corpus_chains_shares_their_common_prefix():
-    t = build_tree(100, [], 10, 16, "cpu", ngram=[1, 2, 3], ngram_probs=[0.9] * 3,
-                   datastore=[1, 2, 7, 8], datastore_probs=[0.5] * 4)
+    t = build_tree(100, [], 10, 16, "cpu", chains=[Chain([1, 2, 3], [0.9] * 3, NGRAM),
+                                                   Chain([1, 2, 7, 8], [0.5] * 4, DATASTORE)])
     assert t.tokens.tolist() == [100, 1, 2, 3, 7, 8]
     assert t.parents.tolist() == [-1, 0, 1, 2, 2, 4]
     assert t.source[1:] == [NGRAM, NGRAM, NGRAM, DATASTORE, DATASTORE]
+    # where two sources agree, the shared node takes the larger estimate (here the corpus's, added second)
+    t = build_tree(100, [], 10, 16, "cpu", chains=[Chain([1, 2], [0.3] * 2, NGRAM), Chain([1, 5], [0.8] * 2,
+                                                                                         DATASTORE)])
+    assert t.tokens.tolist() == [100, 1, 2, 5] and t.value[1] == pytest.approx(0.8)
+    assert t.value[2] == pytest.approx(0.3 * 0.3) and t.value[3] == pytest.approx(0.8 * 0.8)
 
 
 @pytest.fixture
@@ -99,7 +104,7 @@ def test_corpus_drafts_are_verified_like_any_draft(eng, sampling):
     eng._datastore = Datastore.build((ref.prompt_ids + ref.token_ids) * 2)
     for method in ("ngram", "swift"):
         out = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False, ngram=False,
-                           **kw)
+                           history=False, **kw)
         assert out.token_ids == ref.token_ids
         assert out.stats.accepted_by_source["datastore"] > 0
         off = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False,

@@ -38,23 +38,32 @@ ALWAYS = {"speculate": "always", "eps": 0.0}
 
 def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     ref = ar(eng)
-    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, **ALWAYS)
+    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, history=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.drafted_tokens <= out.stats.rounds  # max_draft
     out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS)
     assert out.token_ids == ref and max(out.stats.tree_sizes) <= 3                 # max_tree_nodes
-    out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, speculate="always", eps=1.0)
+    out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, speculate="always",
+                       eps=1.0)
     assert out.token_ids == ref and out.stats.drafted_tokens == out.stats.rounds   # eps: stop after one step
-    chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, max_draft=4,
+    chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, max_draft=4,
                           topk_greedy=((0.0, 1),), **ALWAYS)
     assert all(t <= 5 for t in chains.stats.tree_sizes)                            # topk_greedy: chains only
     ng = eng.generate(PROMPT, max_new_tokens=40, method="ngram", speculate="always")
     assert ng.token_ids == ref and ng.stats.skip_set is None                        # method="ngram": no layer draft
     out = eng.generate(PROMPT, max_new_tokens=40, ngram=False, optimize=False, **ALWAYS)
     assert out.stats.accepted_by_source["ngram"] == 0                               # ngram=False
+    out = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, **ALWAYS)
+    assert out.token_ids == ref and out.stats.accepted_by_source["history"] > 0     # earlier calls' outputs
+    assert out.stats.accepted_by_source["ngram"] == 0                               # (ngram=False, method ngram)
+    out = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, history=False,
+                       **ALWAYS)
+    assert out.token_ids == ref and out.stats.accepted_by_source["history"] == 0    # history=False
+    assert out.stats.rounds == 0                                                    # no source left: plain steps
     from swiftk.datastore import Datastore
     eng._datastore = Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2)   # a corpus that knows the answer
-    on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, **ALWAYS)
-    off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, **ALWAYS)
+    on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, **ALWAYS)
+    off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, datastore=False,
+                       **ALWAYS)
     assert on.token_ids == off.token_ids == ref                                     # datastore
     assert on.stats.accepted_by_source["datastore"] > 0 == off.stats.accepted_by_source["datastore"]
     steps = eng.optimizer.steps
@@ -88,7 +97,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
 def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
     bad = {"max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
            "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
-           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes"}[field]
+           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0}[field]
     with pytest.raises(SwiftkError, match=field):
         eng.generate(PROMPT, max_new_tokens=4, **{field: bad})
 

@@ -129,3 +129,50 @@ def test_incremental_equals_scratch_and_reference(seed):
         ref = _reference(seq[:L], k, 4, 1)
         got = big.propose(k)
         assert (got[0].tokens, got[0].n) == ref if ref else got == []
+
+
+# ---------------------------------------------------------------- the session's earlier outputs
+
+
+def test_lookup_continues_another_texts_suffix():
+    idx = NgramIndex([9, 1, 2, 3, 4, 1, 2, 7], max_n=3)
+    assert idx.lookup([5, 1, 2], 4) == NgramDraft([7], n=2, count=1)            # most recent occurrence wins
+    assert idx.lookup([0, 3], 3).tokens == [4, 1, 2] and idx.lookup([0, 3], 3).n == 1
+    assert idx.lookup([5, 6], 3) is None and idx.lookup([7], 3) is None          # unseen / nothing follows
+    # "4 1 2" and the recent "1 2" are followed by the stop token only: the older "1 2" continues
+    assert idx.lookup([4, 1, 2], 9, stop=7) == NgramDraft([3, 4, 1, 2], n=2, count=1)
+
+
+def test_output_history_never_continues_across_outputs():
+    from swiftk.ngram import OutputHistory
+
+    h = OutputHistory()
+    assert h.propose([1, 2], 4) is None
+    h.add([1, 2, 3])
+    h.add([4, 5])
+    assert h.propose([0, 1, 2], 4).tokens == [3]                  # stops at the end of its output
+    assert h.propose([3], 4) is None                              # an output's last token: nothing follows it
+    assert h.propose([8, 4], 4).tokens == [5] and h.outputs == 2
+    h.add([])
+    assert h.outputs == 2 and h.propose([4], 0) is None
+    with pytest.raises(SwiftkError, match="max_tokens"):
+        OutputHistory(max_tokens=1)
+
+
+def test_output_history_is_bounded_and_drops_whole_old_outputs():
+    from swiftk.ngram import SEPARATOR, OutputHistory
+
+    h = OutputHistory(max_tokens=40)
+    rng = random.Random(0)
+    outs = [[rng.randrange(100, 200) for _ in range(rng.randrange(1, 15))] for _ in range(50)]
+    for o in outs:
+        h.add(o)
+        assert len(h) <= 40
+        seq = h.index.tokens
+        assert seq[-1] == SEPARATOR and seq[-len(o) - 1:-1] == o   # the newest output is kept whole
+        # whatever is kept is a run of whole outputs, newest last
+        parts = [p for p in " ".join(map(str, seq)).split(str(SEPARATOR)) if p.strip()]
+        kept = [[int(x) for x in p.split()] for p in parts]
+        assert kept == outs[outs.index(o) - len(kept) + 1:outs.index(o) + 1]
+    h.add(list(range(1000, 1100)))   # longer than the bound: its tail is kept
+    assert h.index.tokens[-1] == SEPARATOR and h.index.tokens[-2] == 1099 and len(h) <= 40

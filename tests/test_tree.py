@@ -5,7 +5,7 @@ import torch
 
 from swiftk.acceptance import ancestor_matrix
 from swiftk.ops.reference import unpack_tree_mask
-from swiftk.tree import GREEDY_TOPK, DraftLevel, build_tree, k_for_confidence
+from swiftk.tree import GREEDY_TOPK, DraftLevel, build_tree, k_for_confidence, pack_tree_mask
 
 
 def _levels(rng, depth):
@@ -35,6 +35,10 @@ def test_random_cuts_are_closed_and_prefix_ordered():
         budget = rng.randint(1, full.size)
         t = build_tree(1, lv, 0, budget, "cpu")
         assert t.size == budget
+        # the masks built from Python bit sets equal the matrix reference and its packing
+        anc = ancestor_matrix(t.parents)
+        assert torch.equal(t.mask.ancestors, anc) and torch.equal(t.mask.bits, pack_tree_mask(anc))
+        assert torch.equal(t.depth, anc.sum(1) - 1)
         par = t.parents.tolist()
         assert par[0] == -1 and all(0 <= p < i for i, p in enumerate(par) if i)
         # spine nodes are a prefix and form a chain
