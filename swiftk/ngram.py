@@ -9,7 +9,6 @@ rebuilt. `propose` looks up the last max_n, max_n - 1, ... tokens and copies wha
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -37,9 +36,10 @@ class NgramIndex:
         self.max_n, self.min_n, self.max_positions = max_n, min_n, max_positions
         self.cyclic = cyclic  # see _copy
         self.tokens: list[int] = []
-        # n-gram tuple -> end positions (index of its last token), most recent last. The deque's maxlen
-        # bounds memory and lookup cost on repetitive text; the most recent occurrences are the best guesses.
-        self._ends: dict[tuple, deque] = {}
+        # n-gram tuple -> end positions (index of its last token), most recent last, at most max_positions:
+        # that bounds memory and lookup cost on repetitive text; the most recent occurrences are the best guesses.
+        # (Plain lists: most n-grams occur once, and a deque costs ~600 bytes even then.)
+        self._ends: dict[tuple, list] = {}
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -55,8 +55,11 @@ class NgramIndex:
                 key = tuple(seq[i - n + 1 : i + 1])
                 d = ends.get(key)
                 if d is None:
-                    d = ends[key] = deque(maxlen=self.max_positions)
-                d.append(i)
+                    ends[key] = [i]
+                else:
+                    d.append(i)
+                    if len(d) > self.max_positions:
+                        del d[0]
 
     def propose(self, k: int, branches: int = 1) -> list[NgramDraft]:
         """Up to `branches` drafts of at most k tokens, with distinct first tokens; longest match, most recent first."""

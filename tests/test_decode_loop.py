@@ -372,3 +372,18 @@ def test_one_token_calls_never_enter_the_loop(eng, method, kw):
     """max_new_tokens=1 stops after the prefill: the round loop never runs and the stats must still be whole."""
     out = eng.generate(PROMPT, max_new_tokens=1, method=method, **kw)
     assert out.token_ids == ar(eng, n=1) and out.stats.rounds == 0 and out.finish_reason == "length"
+
+
+def test_search_budget_follows_what_it_has_found():
+    """Half the budget for the first candidates, the full budget once a set is expected to pay, a fifth after the
+    first candidates found none; the paper's matchness objective always gets the full budget."""
+    from swiftk.state import SkipSetState
+
+    st = SkipSetState(4)
+    b, o = st.cfg.opt_budget, st.optimizer
+    assert swift_mod._budget(st) == b / 2
+    o.best_score = 1.2
+    assert swift_mod._budget(st) == b
+    o.best_score, o.steps = 0.7, swift_mod._EXPLORE
+    assert swift_mod._budget(st) == b / 5
+    assert swift_mod._budget(SkipSetState(4, type(st.cfg)(objective="matchness"))) == b
