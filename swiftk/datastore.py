@@ -110,7 +110,8 @@ class Datastore:
     def propose(self, context: list, k: int, prob=None, floor: float = 0.0) -> tuple:
         """Up to ``k`` tokens continuing ``context`` (each the most frequent follower of the longest known suffix),
         and the statistics bucket of each. Empty when the last token was never seen. With ``prob`` (bucket ->
-        estimated acceptance) the chain stops before its cumulative estimate falls below ``floor``."""
+        estimated acceptance) the chain stops before its cumulative estimate falls below ``floor`` (after its first
+        token)."""
         ctx, toks, buckets = list(context[-MAX_N:]), [], []
         value = 1.0
         for _ in range(k):
@@ -121,7 +122,7 @@ class Datastore:
             b = bucket(n, share)
             if prob is not None:
                 value *= prob(b)
-                if value < floor:
+                if toks and value < floor:   # the first token stays: the gate's probes need one to verify
                     break
             toks.append(t)
             buckets.append(b)

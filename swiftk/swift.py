@@ -264,12 +264,13 @@ def swift_decode(model, cache, state: SkipSetState, costs: CostModel, prompt_ids
 
 def _useful(p: float, k: int, floor: float) -> int:
     """Tokens of a chain whose every token is accepted with chance p (given its parent) worth building: the
-    first d with p^d >= floor (at most k)."""
+    d with p^d >= floor (at most k), and always the first -- the gate's probes verify a declined chain's first
+    token now and then, which is how an estimate that fell below the floor learns that the text changed."""
     if floor <= 0.0 or p >= 1.0:
         return k
     if p <= 0.0:
-        return 0
-    return max(0, min(k, int(math.log(floor) / math.log(p) + 1e-9)))
+        return min(k, 1)
+    return max(min(k, 1), min(k, int(math.log(floor) / math.log(p) + 1e-9)))
 
 
 def _build_head(make_head, committed: list):
@@ -292,7 +293,7 @@ def _set_may_pay(opt, costs: CostModel, skip: torch.Tensor, gate) -> bool:
     return opt.best_matchness is not None and costs.expected_rate(opt.best_matchness, skip) >= 1.0
 
 
-_EXPLORE = 4  # optimization steps at the full budget before a search that found no paying set is scaled back
+_EXPLORE = 4  # optimization steps at half the budget before a search that found no paying set is scaled back
 
 
 def _budget(state: SkipSetState) -> float:

@@ -387,3 +387,17 @@ def test_search_budget_follows_what_it_has_found():
     o.best_score, o.steps = 0.7, swift_mod._EXPLORE
     assert swift_mod._budget(st) == b / 5
     assert swift_mod._budget(SkipSetState(4, type(st.cfg)(objective="matchness"))) == b
+
+
+def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
+    """A chain is built only as deep as its cumulative estimate stays above the gate's floor, but never to nothing:
+    the probes that let a low estimate notice text that started repeating verify a declined chain's first token."""
+    from swiftk.datastore import Datastore
+
+    assert swift_mod._useful(0.8, 25, 0.035) == 15 and 0.8 ** 15 >= 0.035 > 0.8 ** 16
+    assert swift_mod._useful(0.01, 25, 0.035) == 1 and swift_mod._useful(0.0, 25, 0.035) == 1
+    assert swift_mod._useful(0.3, 25, 0.0) == 25 and swift_mod._useful(0.9, 0, 0.035) == 0
+    ds = Datastore.build([1, 2, 3, 4, 5, 6] * 4)
+    assert ds.propose([1], 5)[0] == [2, 3, 4, 5, 6]
+    assert ds.propose([1], 5, prob=lambda b: 0.5, floor=0.2)[0] == [2, 3]       # 0.5, 0.25 | 0.125
+    assert ds.propose([1], 5, prob=lambda b: 0.01, floor=0.2)[0] == [2]         # below the floor: the first only
