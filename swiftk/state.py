@@ -74,36 +74,30 @@ class AcceptanceStats:
         b = min(_BINS - 1, max(0, int(p * _BINS)))
         return self.hits[b] / self.tries[b]
 
+    # Free sources (context n-grams, the session's earlier outputs, the corpus) keep (hits, tries) per key with fast
+    # forgetting (memory ~10 proposals): whether text repeats itself changes within a prompt.
     def ngram_prob(self, n: int) -> float:
-        n = min(n, len(self.ng_hits) - 1)
-        return self.ng_hits[n] / self.ng_tries[n]
+        return _rate(self.ng_hits, self.ng_tries, min(n, len(self.ng_hits) - 1))
+
+    def observe_ngram(self, n: int, hit: bool) -> None:
+        _forget(self.ng_hits, self.ng_tries, min(n, len(self.ng_hits) - 1), hit)
 
     def history_prob(self, n: int) -> float:
-        n = min(n, len(self.hs_hits) - 1)
-        return self.hs_hits[n] / self.hs_tries[n]
+        return _rate(self.hs_hits, self.hs_tries, min(n, len(self.hs_hits) - 1))
 
     def observe_history(self, n: int, hit: bool) -> None:
-        n = min(n, len(self.hs_hits) - 1)
-        self.hs_hits[n] = _NG_DECAY * self.hs_hits[n] + hit
-        self.hs_tries[n] = _NG_DECAY * self.hs_tries[n] + 1
+        _forget(self.hs_hits, self.hs_tries, min(n, len(self.hs_hits) - 1), hit)
 
     def datastore_prob(self, b: int) -> float:
-        return self.ds_hits[b] / self.ds_tries[b]
+        return _rate(self.ds_hits, self.ds_tries, b)
 
     def observe_datastore(self, b: int, hit: bool) -> None:
-        self.ds_hits[b] = _NG_DECAY * self.ds_hits[b] + hit
-        self.ds_tries[b] = _NG_DECAY * self.ds_tries[b] + 1
+        _forget(self.ds_hits, self.ds_tries, b, hit)
 
     def observe(self, p: float, hit: bool) -> None:
         b = min(_BINS - 1, max(0, int(p * _BINS)))
         self.hits[b] = 0.99 * self.hits[b] + hit   # slow forgetting: the text and the skip set change
         self.tries[b] = 0.99 * self.tries[b] + 1
-
-    def observe_ngram(self, n: int, hit: bool) -> None:
-        n = min(n, len(self.ng_hits) - 1)
-        # fast forgetting (memory ~10 proposals): whether the text repeats itself changes within a prompt
-        self.ng_hits[n] = _NG_DECAY * self.ng_hits[n] + hit
-        self.ng_tries[n] = _NG_DECAY * self.ng_tries[n] + 1
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("hits", "tries", "ng_hits", "ng_tries", "draft_rate", "probe_gap",
@@ -118,6 +112,15 @@ class AcceptanceStats:
         self.draft_rate = None if d.get("draft_rate") is None else float(d["draft_rate"])
         self.probe_gap = int(d.get("probe_gap", 4))
         self.ng_probe_gap = min(128, max(1, int(d.get("ng_probe_gap", 4))))
+
+
+def _rate(hits: list, tries: list, i: int) -> float:
+    return hits[i] / tries[i]
+
+
+def _forget(hits: list, tries: list, i: int, hit: bool) -> None:
+    hits[i] = _NG_DECAY * hits[i] + hit
+    tries[i] = _NG_DECAY * tries[i] + 1
 
 
 class SkipSetState:
