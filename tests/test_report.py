@@ -1,4 +1,4 @@
-"""bench.report: the README Performance section comes from the newest summary per model, and says what it ran."""
+"""bench.report: docs/performance.md's tables come from the newest summary per model, and say what it ran."""
 import json
 
 from bench import report
