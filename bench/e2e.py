@@ -48,6 +48,7 @@ import torch
 
 from swiftk.atomic import write_atomic as atomic_write
 from swiftk.errors import SwiftkError
+from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
 
 AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
     "swiftk-ngram", "swiftk-moa"
@@ -622,7 +623,7 @@ def _drafters(eng, specs) -> dict:
             raise SwiftkError(f"--drafter {s}: no such file")
         out[label] = path
     if not out:
-        p = eng.drafter_path()
+        p = drafter_path(eng)
         if p.is_file():
             out[""] = str(p)
         else:
@@ -643,7 +644,7 @@ def _moa_run(eng, drafters, m, ids, max_new, state) -> dict:
     """One swiftk-moa run with the drafter of its label (loaded before the clock starts)."""
     path = drafters[m[len(MOA) + 1:]]
     if (eng.info()["drafter"] or {}).get("path") != path:
-        eng.load_drafter(path)
+        load_drafter(eng, path)
     info = eng.info()["drafter"]
     r = _swiftk_run(eng, ids, max_new, state, method="moa")
     r["drafter"] = {k: info[k] for k in ("tli", "lsa", "parameters")}

@@ -31,8 +31,12 @@ def main(argv=None) -> int:
 
     import swiftk
     from swiftk.drafter import draft
-    from swiftk.generate import SamplingParams
-    from swiftk.swift import kvq_boundary, verify
+    from swiftk.config import DecodeConfig
+    from swiftk.costs import Gate
+    from swiftk.generate import Sampler, SamplingParams
+    from swiftk.state import GateMemory
+    from swiftk.decode import verify
+    from swiftk.skipset import kvq_boundary
     from swiftk.tree import GREEDY_TOPK, build_tree
 
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
@@ -41,7 +45,8 @@ def main(argv=None) -> int:
     budget = a.budget or eng.auto_tree_budget()
     ids = eng.tokenizer.encode("def quicksort(xs):\n    \"\"\"Sort a list of integers.\"\"\"\n")
     P = len(ids)
-    sp = SamplingParams(0.0).validate()
+    sampler = Sampler(SamplingParams(0.0).validate(), dev)
+    gate = Gate(eng.costs, GateMemory(), DecodeConfig(speculate="always", eps=0.0))   # draft max_draft deep
     sk = torch.zeros(2 * L, dtype=torch.bool)
     sk[2 * a.boundary::3] = True  # every third sublayer from the boundary on, last layer kept
     sk[-2:] = False
@@ -54,8 +59,9 @@ def main(argv=None) -> int:
         cache.reset()
         m.forward(torch.tensor(ids[:-1], device=dev), torch.arange(P - 1, device=dev),
                   torch.arange(P - 1, device=dev), cache)
-        cache.length = P - 1
-        levels = draft(m, cache, ids[-1], skip.to(dev), sp, None, max_draft=a.max_draft, eps=0.0,
+        cache.reset()
+        cache.advance(P - 1)
+        levels = draft(m, cache, ids[-1], skip.to(dev), sampler, gate, lambda p: p, 0.0, max_draft=a.max_draft,
                        max_spine=budget - 1, topk_bins=GREEDY_TOPK, boundary=f)
         tree = build_tree(ids[-1], levels, P - 1, budget, dev)
         times = {"plain": [], "kvq": []}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
+from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
 
 SHAPES = {"tree": {}, "chain": {"topk_greedy": ((0.0, 1),)}}
 
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     configs = [(lb, sh) for lb in drafters for sh in SHAPES]
     info = {}
     for lb, path in drafters.items():   # warm-up, and each drafter's description
-        eng.load_drafter(path)
+        load_drafter(eng, path)
         _swiftk_run(eng, items[0]["ids"], 8, method="moa", ngram=False, history=False, datastore=False,
                     speculate="always")
         d = eng.info()["drafter"]
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
         runs = {"ar": ref}
         for lb, sh in order:
             if eng.info()["drafter"]["path"] != drafters[lb]:
-                eng.load_drafter(drafters[lb])
+                load_drafter(eng, drafters[lb])
             runs[(lb, sh)] = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="moa", ngram=False,
                                          history=False, datastore=False, speculate="always", **SHAPES[sh])
         for k, r in runs.items():

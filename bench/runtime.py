@@ -87,14 +87,15 @@ def pass_costs(engines: dict, reps: int) -> dict:
         cache = eng.cache
         use(c)
         m.forward(torch.arange(ctx) % 1000 + 100, torch.arange(ctx), torch.arange(ctx), cache)
-        cache.length = ctx
+        cache.reset()
+        cache.advance(ctx)
         use("kernel-fp32")
     # the reduced-vocabulary draft head as generate builds it (DecodeConfig.draft_vocab frequent tokens + context)
     from swiftk.config import DecodeConfig
 
     heads = {}
     for c, eng in engines.items():
-        h = eng._head_for(DecodeConfig().draft_vocab)
+        h = eng.draft_head(DecodeConfig().draft_vocab)
         h.add((torch.arange(ctx) % 1000 + 100).tolist())
         heads[c] = h.logits_full
     shapes = {"step": (1, None), "verify4": (4, None), "verify8": (8, None), "verify16": (16, None),

@@ -114,7 +114,8 @@ def _model(shape, ops, n_layers=None):
     m = get_model(shape, n_layers)
     m.ops = ops  # the Model calls every op through this namespace
     cache = m.new_cache(CONTEXT + 128)
-    cache.length = CONTEXT
+    cache.reset()
+    cache.advance(CONTEXT)
     return m, cache
 
 
@@ -164,7 +165,7 @@ def test_verify_pass(benchmark, ops, shape):
 
 def test_optimization_step(benchmark, ops, shape):
     """One optimization step's cost: the teacher-forced matchness forward over the last WINDOW tokens."""
-    from swiftk.swift import matchness
+    from swiftk.drafter import matchness
 
     m, cache = _model(shape, ops)
     skip = skip_set_for(m.cfg)

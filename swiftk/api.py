@@ -10,6 +10,7 @@ from .model import resolve_device, resolve_dtype
 
 _engines: dict = {}
 _lock = threading.Lock()
+LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "drafter", "cuda_graphs")
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
@@ -33,16 +34,19 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
                   drafter=drafter, cuda_graphs=cuda_graphs, **options)
 
 
-def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None, **kw):
-    """``load(model, device, dtype, weights=weights)`` once per process, then ``Engine.generate(prompt, **kw)``.
+def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None,
+             max_context=None, persist=None, drafter=None, cuda_graphs=None, **kw):
+    """``load(model, ...)`` once per process and set of load options, then ``Engine.generate(prompt, **kw)``.
 
-    The engine (and its learned skip set) is kept, so a stream of calls keeps improving the draft.
-    """
-    key = (str(model), str(device), str(dtype), weights)
+    Every ``load`` option is accepted; the engine (and its learned state) is kept per (model, load options), so a
+    stream of calls keeps improving the drafts."""
+    opts = dict(device=device, dtype=dtype, weights=weights, max_context=max_context, persist=persist,
+                drafter=drafter, cuda_graphs=cuda_graphs)
+    key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS))
     with _lock:
         eng = _engines.get(key)
         if eng is None:
-            eng = _engines[key] = load(model, device=device, dtype=dtype, weights=weights)
+            eng = _engines[key] = load(model, **opts)
     return eng.generate(prompt, **kw)
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import methods
 from .errors import SwiftkError
 from .registry import DEFAULT_MODEL, MODELS
 
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     _common(g)
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default="swift", choices=["swift", "autoregressive", "early_exit", "static", "ngram", "moa"])
+    g.add_argument("--method", default="swift", choices=list(methods.names()))
     g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
     g.add_argument("--temperature", "-t", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -176,7 +177,9 @@ def _train_drafter(a) -> int:
         if getattr(a, name) < 1:
             raise SwiftkError(f"--{name.replace('_', '-')} must be >= 1")
     eng = swiftk.load(a.model, persist=False)
-    out = Path(a.out) if a.out else eng.trained_drafter_path()
+    from .moa.method import trained_drafter_path
+
+    out = Path(a.out) if a.out else trained_drafter_path(eng)
     out.parent.mkdir(parents=True, exist_ok=True)
     _check_output_path(str(out), "--out")
     feats = Path(a.features) if a.features else out.with_name(out.name + ".features")

@@ -1,13 +1,13 @@
 """What decoding costs on the device it runs on, and the gate that decides from it whether a draft pays.
 
-Speed model (DESIGN.md): with one decode step costing ``step`` seconds, a round that drafts k tokens at ``draft``
+Speed model (docs/design.md): with one decode step costing ``step`` seconds, a round that drafts k tokens at ``draft``
 each and verifies T nodes at ``v(T)`` emits M tokens; it pays when M / (k*draft + v(T)) > 1 / step.
 
 :class:`CostModel` starts from priors (a draft step costs the share of weight bytes it reads, plus an overhead
 share; a verify pass of T tokens costs ``1 + slope*(T-1)`` steps) and refines every figure from the passes it
 observes (exponential moving averages), so it needs no start-up benchmark; the engine persists it per device.
-:class:`Gate` turns it and the learned acceptance statistics (state.AcceptanceStats) into per-round decisions:
-draft or take a plain step, how deep, how many tree nodes.
+:class:`Gate` turns it and the sources' acceptance estimates into per-round decisions: draft or take a plain step,
+how deep, how many tree nodes.
 """
 from __future__ import annotations
 
@@ -42,8 +42,7 @@ class CostModel:
         self.head_bytes = nbytes(model.lm_head)
         self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
         gpu = model.device.type == "cuda"
-        # prior: extra verify cost per token, in steps. Measured: H100 graphs v(2..32) 1.02-1.11; 2-core CPUs
-        # with the prefetching CPU kernel v(4) 1.08-1.15, v(8) 1.3-1.5 (1.6-2.1 before it). A cold engine prices
+        # prior: extra verify cost per token, in steps (measured figures: docs/design.md). A cold engine prices
         # its first rounds with it, so it errs on the costly side.
         self.slope = 0.004 if gpu else 0.07
         self.step: Optional[float] = None     # seconds of a plain decode step
@@ -55,9 +54,6 @@ class CostModel:
         self._memo, self._memo_clock = {}, 0  # T -> ratio(T), rebuilt on a verify observation or as beliefs age
         self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
         self.opt: Optional[float] = None      # seconds of one matchness pass
-        self.moa: Optional[float] = None      # seconds of one MoA drafter step (moa.runner)
-        self.draft_head_bytes: Optional[int] = None  # a reduced-vocabulary draft head reads fewer bytes
-        self._kept = (None, 0.0)
 
     # ---- observations
     def observe_step(self, dt: float) -> None:
@@ -79,20 +75,13 @@ class CostModel:
         self._clock += 1
         self._memo.clear()
 
-    def observe_draft(self, skip: torch.Tensor, dt: float) -> None:
+    def observe_draft(self, kf: float, dt: float) -> None:
+        """A draft step that read ``kf`` of a decode step's weight bytes took ``dt`` seconds."""
         if self.step is None:
             return
-        kf = self.kept_fraction(skip)
         if kf < 0.999:
             o = min(0.95, max(0.0, (dt / self.step - kf) / (1.0 - kf)))
             self.overhead += _EMA * (o - self.overhead)
-
-    def observe_moa(self, dt: float) -> None:
-        self.moa = _ema(self.moa, dt)
-
-    def moa_draft(self) -> float:
-        """Seconds of one MoA drafter step (prior: a fifth of a decode step, the share its LM head reads)."""
-        return self.moa if self.moa is not None else 0.2 * (self.step or 1.0)
 
     def observe_opt(self, dt: float) -> None:
         self.opt = _ema(self.opt, dt)
@@ -132,28 +121,27 @@ class CostModel:
         age = self._clock - self._seen.get(b, self._clock)
         return p + (r - p) * 0.5 ** (age / _HALF_LIFE)
 
-    def kept_fraction(self, skip: Optional[torch.Tensor]) -> float:
-        """Share of the weight bytes a draft step with ``skip`` reads (the LM head is never skipped)."""
+    def kept_fraction(self, skip: Optional[torch.Tensor], head_bytes: Optional[int] = None) -> float:
+        """Share of the weight bytes a draft step with ``skip`` reads (the LM head is never skipped; a reduced
+        draft head reads ``head_bytes``)."""
         if skip is None:
             return 1.0
-        if self._kept[0] is skip:
-            return self._kept[1]
         s = skip.view(-1, 2).cpu()
         n_attn, n_mlp = int(s[:, 0].sum()), int(s[:, 1].sum())
-        head = self.head_bytes if self.draft_head_bytes is None else self.draft_head_bytes
+        head = self.head_bytes if head_bytes is None else head_bytes
         kept = (self.total_bytes - self.head_bytes + head - n_attn * self.attn_bytes - n_mlp * self.mlp_bytes)
-        self._kept = (skip, kept / self.total_bytes)
-        return self._kept[1]
+        return kept / self.total_bytes
 
-    def draft(self, skip: torch.Tensor) -> float:
+    def draft(self, kf: float) -> float:
+        """Seconds of a draft step that reads ``kf`` of the weight bytes."""
         step = self.step or 1.0
-        return step * (self.overhead + (1.0 - self.overhead) * self.kept_fraction(skip))
+        return step * (self.overhead + (1.0 - self.overhead) * kf)
 
-    def expected_rate(self, matchness: float, skip: torch.Tensor, max_k: int = 16) -> float:
+    def expected_rate(self, matchness: float, kf: float, max_k: int = 16) -> float:
         """Tokens per step-time of drafting chains with per-token acceptance ``matchness``, at the best depth
         (the optimizer's speed objective; 1.0 = plain decoding)."""
         step = self.step or 1.0
-        c, best, tokens, surv = self.draft(skip), 0.0, 1.0, 1.0
+        c, best, tokens, surv = self.draft(kf), 0.0, 1.0, 1.0
         for k in range(1, max_k + 1):
             surv *= matchness
             tokens += surv
@@ -169,8 +157,7 @@ class CostModel:
         step = self.step or 1.0
         return {"step_s": self.step, "verify_s": {str(k): r * step for k, r in sorted(self.verify.items())},
                 "draft_overhead": self.overhead, "opt_step_s": self.opt, "attn_bytes": self.attn_bytes,
-                "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes,
-                "draft_head_bytes": self.draft_head_bytes, "moa_step_s": self.moa}
+                "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes}
 
     def load_dict(self, d: dict) -> None:
         step = d.get("step_s")
@@ -188,71 +175,70 @@ class CostModel:
 
 
 class Gate:
-    """Per-round decisions from the cost model and the acceptance statistics.
+    """Per-round decisions from the cost model and the acceptance estimates, for one call.
 
     ``speculate="always"`` is the paper's rule (draft every round, stop below ``eps``, fixed tree budget).
     ``"auto"`` drafts while the expected tokens per second of the round grows, keeps the tree nodes that pay for
     their verify cost, and takes plain steps when recent drafting rounds were slower than plain decoding --
     probing again after a gap that doubles on every failed probe (so a text that becomes predictable is noticed
-    and an unpredictable one costs a few percent at most)."""
+    and an unpredictable one costs a few percent at most). The model drafter's record (``memory``, a
+    state.GateMemory) carries across calls; the free sources' probing belongs to one text and lives here."""
 
-    def __init__(self, costs: CostModel, stats, cfg):
-        self.costs, self.stats, self.cfg = costs, stats, cfg
+    def __init__(self, costs: CostModel, memory, cfg):
+        self.costs, self.memory, self.cfg = costs, memory, cfg
         self.auto = cfg.speculate == "auto"
+        self.free_since = 0     # free proposals declined since the last one verified
+        self.free_gap = 4       # ... after which one is verified anyway (a probe), doubling while probes miss
+        self.probing = False    # the tree being verified is such a probe
 
     def should_draft(self) -> bool:
-        st = self.stats
-        if not self.auto or st.draft_rate is None or st.draft_rate > 1.0:
+        m = self.memory
+        if not self.auto or m.draft_rate is None or m.draft_rate > 1.0:
             return True
-        st.since_draft += 1
-        if st.since_draft >= st.probe_gap:
-            return True
-        return False
+        m.since_draft += 1
+        return m.since_draft >= m.probe_gap
 
     def drafted(self, rate: float) -> None:
         """After a round that drafted: its measured rate in plain-step units (1.0 = as fast as plain)."""
-        st = self.stats
-        was_probe = st.draft_rate is not None and st.draft_rate <= 1.0
-        st.draft_rate = _ema(st.draft_rate, rate) if st.draft_rate is not None else rate
-        st.since_draft = 0
+        m = self.memory
+        was_probe = m.draft_rate is not None and m.draft_rate <= 1.0
+        m.draft_rate = _ema(m.draft_rate, rate) if m.draft_rate is not None else rate
+        m.since_draft = 0
         if was_probe:
-            st.probe_gap = 4 if st.draft_rate > 1.0 else min(128, st.probe_gap * 2)
+            m.probe_gap = 4 if m.draft_rate > 1.0 else min(128, m.probe_gap * 2)
 
-    def ngram_size(self, sunk_s: float, values: list) -> int:
-        """``tree_size`` for a round with only n-gram nodes, plus probing: the n-gram estimates learn only from
-        verified proposals, so once they fall below break-even (chat) they would never see the text start
-        repeating (code after chat). Every ``ng_probe_gap``-th declined proposal is verified anyway (its first
-        node, the cheapest pass); the gap doubles while probes miss and resets when one is accepted."""
+    def free_size(self, sunk_s: float, values: list) -> int:
+        """``tree_size`` for a round with only free nodes, plus probing: the free sources' estimates learn only
+        from verified proposals, so once they fall below break-even (chat) they would never see the text start
+        repeating (code after chat). Every ``free_gap``-th declined proposal is verified anyway (its first node,
+        the cheapest pass); the gap doubles while probes miss and resets when one is accepted."""
         n = self.tree_size(sunk_s, values)
-        st = self.stats
         if n or not self.auto or not values:
-            st.ng_since = 0
+            self.free_since = 0
             return n
         if not self.tree_size(sunk_s, [1.0] * len(values)):
-            return 0   # not even a certain n-gram would pay for its verify pass: a probe can only lose
-        st.ng_since += 1
-        if st.ng_since < st.ng_probe_gap:
+            return 0   # not even a certain proposal would pay for its verify pass: a probe can only lose
+        self.free_since += 1
+        if self.free_since < self.free_gap:
             return 0
-        st.ng_since, st.ng_probing = 0, True
+        self.free_since, self.probing = 0, True
         return 1
 
-    def ngram_probed(self, hit: bool) -> None:
-        st = self.stats
-        st.ng_probing = False
-        st.ng_probe_gap = 4 if hit else min(128, st.ng_probe_gap * 2)
+    def probed(self, hit: bool) -> None:
+        """The outcome of a verified probe (only called while ``probing``)."""
+        self.probing = False
+        self.free_gap = 4 if hit else min(128, self.free_gap * 2)
 
-    def keep_drafting(self, depth: int, conf: float, surv: float, tokens: float, step_s: float) -> bool:
-        """After ``depth`` draft steps of ``step_s`` seconds each (chain survival ``surv``, expected tokens
-        ``tokens``): one more?"""
+    def keep_drafting(self, depth: int, conf: float, a: float, surv: float, tokens: float, step_s: float) -> bool:
+        """After ``depth`` draft steps of ``step_s`` seconds each (top-1 probability ``conf``, calibrated ``a``;
+        chain survival ``surv``, expected tokens ``tokens``): one more?"""
         if not self.auto:
             return conf >= self.cfg.eps
         c = self.costs
-        a = self.stats.calibrate(conf)
         sunk = depth * step_s
         now = tokens / (sunk + c.v(depth + 1))
         more = (tokens + surv * a) / (sunk + step_s + c.v(depth + 2))
         return more > now
-
     @property
     def value_floor(self) -> float:
         """Nodes less likely than this to be accepted are never worth verifying: a node pays only if its chance

@@ -195,3 +195,19 @@ def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_
 
 
 __all__ = ["Datastore", "stdlib_datastore", "bucket", "N_BUCKETS"]
+
+
+def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> Datastore:
+    """The stdlib tables for an engine's tokenizer; an empty table (proposes nothing, built once) with a warning
+    when the tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer)."""
+    import warnings
+
+    try:
+        ds = stdlib_datastore(tokenizer, str(identity.get("fingerprint") or ""))
+        if ds.max_token() >= vocab_size:
+            raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
+        return ds
+    except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
+        warnings.warn(f"swiftk: no corpus n-grams for this tokenizer ({type(e).__name__}: {str(e)[:200]}); "
+                      "decoding without them")
+        return Datastore.build([])

@@ -7,7 +7,7 @@ cloned. After each step the gate (costs.Gate) decides whether one more draft tok
 
 KVQ cache (``boundary=f``): every sublayer before layer f is computed by the draft exactly as the target computes
 it, so the KV it writes there for the spine tokens is the target's own, and the residual entering layer f (the
-exit query) is kept per spine token; the verify pass then starts those tokens at layer f (swift.verify).
+exit query) is kept per spine token; the verify pass then starts those tokens at layer f (decode.verify).
 """
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from .sampling import sample_without_replacement
 from .tree import DraftLevel, k_for_confidence
 
 
-def draft(model, cache, root_token: int, skip: torch.Tensor, sampler, gate, *, max_draft: int, max_spine: int,
-          topk_bins, boundary=None, head=None, rejection: bool = False) -> list:
+def draft(model, cache, root_token: int, skip, sampler, gate, calibrate, step_s: float, *, max_draft: int,
+          max_spine: int, topk_bins, boundary=None, head=None, rejection: bool = False) -> list:
     """One DraftLevel per drafted depth (level j = candidates for the child of spine node j, and with
-    ``boundary`` the residual of spine node j entering that layer)."""
+    ``boundary`` the residual of spine node j entering that layer). ``skip``: a skipset.SkipSet;
+    ``calibrate``: draft probability -> acceptance chance; ``step_s``: seconds per draft step."""
     dev = model.device
     n = cache.length
     levels = []
@@ -38,10 +39,10 @@ def draft(model, cache, root_token: int, skip: torch.Tensor, sampler, gate, *, m
         level, conf = draft_level(out[0], sampler, n + j + 1, topk_bins, kmax, rejection)
         level.hidden = hidden
         levels.append(level)
-        a = gate.stats.calibrate(conf)
+        a = calibrate(conf)
         surv *= a
         tokens += surv
-        if not gate.keep_drafting(j + 1, conf, surv, tokens, gate.costs.draft(skip)):
+        if not gate.keep_drafting(j + 1, conf, a, surv, tokens, step_s):
             break
         cur = level.tokens[0]
     return levels

@@ -1,12 +1,12 @@
-"""Engine: owns the model, the KV cache, the tokenizer, the cost model and the learned decoding state.
+"""Engine: owns the model, the KV cache, the tokenizer, the cost model, the learned states and the resources
+built once (draft head, corpus tables, trained drafters).
 
 One call of :meth:`Engine.generate` holds the engine's lock (two threads calling it serialize; the KV cache has one
-owner at a time), validates every option before any work, and hands the decode loop exactly what it needs:
-``swift_decode(model, cache, state, costs, prompt_ids, sampler, sink, decode_config, ...)``.
+owner at a time), validates every option before any work, and hands the decode round (decode.py) a Session, the
+method's drafter and the free sources. Methods are objects (methods.py): no method has a branch here.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -16,15 +16,17 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from . import skipset
+from . import methods, skipset
 from .config import DecodeConfig, OptimizerConfig, option_names, updated
-from .costs import CostModel
+from .costs import CostModel, Gate
+from .decode import speculative_decode
 from .errors import SwiftkError
-from .generate import (METHODS, GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive,
-                       check_lengths, rate)
+from .generate import GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate
 from .model import Model, resolve_device, resolve_dtype
-from .state import SkipSetState
-from .swift import swift_decode
+from .proposers import free_sources
+from .proposers.user import check_proposers
+from .session import Session
+from .state import LearnedState, load_persisted, state_file
 
 # slots reserved past the context for the draft / matchness / verify scratch region (context_window <= 120,
 # trees <= 64 nodes)
@@ -50,8 +52,8 @@ class Engine:
         ``weights``: None, "bfloat16" or "int8": a compressed CPU weight format (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
-        ``method="moa"`` (default: found by model name, see :meth:`drafter_path`). ``cuda_graphs``: None (on for a
-        CUDA device, unless SWIFTK_CUDA_GRAPHS=0), True (CUDA only) or False."""
+        ``method="moa"`` (experimental; default: found by model name). ``cuda_graphs``: None (on for a CUDA
+        device, unless SWIFTK_CUDA_GRAPHS=0), True (CUDA only) or False."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.config = checkpoint.config
@@ -67,33 +69,32 @@ class Engine:
             raise SwiftkError(f"max_context must be an int >= 2, got {max_context!r}")
         if max_context > ctx:
             raise SwiftkError(f"max_context {max_context} exceeds the model's context length {ctx}")
-        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights)
-        checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
-        self.max_context = max_context
-        self.cache = self.model.new_cache(max_context + _SCRATCH)
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise SwiftkError(f"cuda_graphs must be True, False or None, got {cuda_graphs!r}")
         if cuda_graphs and self.device.type != "cuda":
             raise SwiftkError(f"cuda_graphs=True needs a CUDA device, got {self.device}")
+        if persist is not None and not isinstance(persist, bool):
+            raise SwiftkError(f"persist must be True, False or None, got {persist!r}")
+        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights)
+        checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
+        self.max_context = max_context
+        self.cache = self.model.new_cache(max_context + _SCRATCH)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("SWIFTK_CUDA_GRAPHS", "1") != "0"
         if cuda_graphs:
-            from .graphs import GraphRunner
-
-            self.model.graphs = GraphRunner(self.model)
+            self.model.enable_graphs()
         self.costs = CostModel(self.model)
         self._lock = threading.RLock()
+        self._busy = False   # a call is decoding (a callback calling back into the engine must not nest)
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
-        self.state = SkipSetState(self.config.n_layers, opt_cfg)
-        self._draft_head = None        # (size, vocab.DraftHead): the reduced-vocabulary draft head, built once
-        self._fixed_states: dict = {}  # fixed drafts (early exit, static sets, n-grams) learn their own statistics
-        self._moa = None               # moa.MoARunner, loaded at the first method="moa" call (or now, if given)
-        self._datastore = None         # datastore.Datastore, built (or read from $SWIFTK_HOME) at first use
-        self._moa_info = None
+        self.state = LearnedState(self.config.n_layers, opt_cfg)
+        self._states: dict = {}      # the other methods' learned states (fixed drafts learn their own)
+        self._resources: dict = {}   # built once per engine: draft head, corpus tables, trained drafter
+        self.drafter_file = drafter  # a trained MoA drafter (method="moa")
         if drafter is not None:
-            self.load_drafter(drafter)
+            methods.get("moa").prepare(self, self.decode_config)
         if self.persist:
             self._load_persisted(opt_cfg if opt_kw else None)
 
@@ -110,9 +111,9 @@ class Engine:
     def optimizer(self):
         return self.state.optimizer
 
-    def new_state(self, **optimizer_options) -> SkipSetState:
+    def new_state(self, **optimizer_options) -> LearnedState:
         """A fresh learned state (e.g. one per workload in a benchmark): pass it as ``generate(..., state=)``."""
-        return SkipSetState(self.config.n_layers, updated(self.state.cfg, optimizer_options))
+        return LearnedState(self.config.n_layers, updated(self.state.cfg, optimizer_options))
 
     def reset_optimizer(self, **optimizer_options) -> None:
         """Forget what was learned: back to the uniform skip set and a fresh optimizer (with these options)."""
@@ -147,27 +148,12 @@ class Engine:
         return self.costs.budget()
 
     def state_path(self) -> Path:
-        from .registry import swiftk_home
-
-        fp = hashlib.sha256(repr(sorted(self.identity.items())).encode()).hexdigest()[:12]
-        name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(self.identity.get("name") or "model"))
-        kind = "cpu" if self.device.type == "cpu" else torch.cuda.get_device_name(self.device).replace(" ", "_")
-        dt = str(self.dtype).replace("torch.", "") + (f"-w{self.model.weights}" if self.model.weights else "")
-        return swiftk_home() / "state" / f"{name}-{fp}-{kind}-{dt}.json"
+        return state_file(self.identity, self.device, self.dtype, self.model.weights)
 
     def _load_persisted(self, cfg) -> None:
         path = self.state_path()
-        if not path.exists():
-            return
-        try:
-            self.state = SkipSetState.load(path, self.identity, self.config.n_layers, cfg)
-            import json
-
-            costs = json.loads(path.read_text()).get("costs") or {}
-            if costs.get("threads") == torch.get_num_threads():
-                self.costs.load_dict(costs)
-        except (SwiftkError, ValueError, TypeError, OSError) as e:
-            warnings.warn(f"swiftk: ignoring the saved decoding state ({e}); starting fresh", stacklevel=3)
+        if path.exists():
+            self.state = load_persisted(path, self.identity, self.config.n_layers, cfg, self.costs) or self.state
 
     def _save_persisted(self) -> None:
         try:
@@ -206,70 +192,64 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
                  chat: bool = False, callback: Optional[Callable[[str], None]] = None,
                  progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
-                 state: Optional[SkipSetState] = None, _cancel: Optional[threading.Event] = None,
-                 **options) -> GenerationResult:
+                 state: Optional[LearnedState] = None, proposers: Sequence = (),
+                 _cancel: Optional[threading.Event] = None, **options) -> GenerationResult:
         """Generate a continuation; greedy when temperature == 0.
 
-        ``method``: "swift" (default: layer-skip draft with the learned skip set + context n-grams, each used
-        when the cost model expects it to pay), "autoregressive", "early_exit" (draft = layers 0..exit_layer-1,
-        then the LM head), "static" (draft with a fixed ``skip_set``, e.g. from ``swiftk optimize``), "moa" (the
-        trained Mixture-of-Attentions drafter, see :meth:`load_drafter`) or "ngram"
-        (prompt lookup only). ``skip_set``: a JSON path, a dict {"attention": [...], "mlp": [...]} or a bool
-        tensor [2L]. ``state``: the learned state to use and update (default: the engine's). ``options``: decode
-        options (config.DecodeConfig) for this call; optimizer options are rejected here (they shape the learned
-        state: ``reset_optimizer(...)``). Seeded sampling gives the same tokens for the same (model, dtype,
-        device, prompt, sampling options, seed) whatever the method or learned state (coupled sampling).
+        ``method``: one of ``swiftk.methods.names()``: "swift" (default), "autoregressive" (the reference: reads
+        and writes no learned state), "early_exit" (``exit_layer=E``), "static" (``skip_set=``), "ngram" (free
+        drafts only), "moa" (experimental). ``skip_set``: a JSON path, a dict {"attention": [...], "mlp": [...]}
+        or a bool tensor [2L]. ``state``: the learned state to use and update (default: the engine's, per
+        method). ``proposers``: your own draft sources, objects with ``propose(tokens) -> list[int]``, priced and
+        gated like the built-in free drafts. ``options``: decode options (config.DecodeConfig) for this call.
+        Seeded sampling gives the same tokens for the same (model, dtype, device, prompt, sampling options, seed)
+        whatever the method or learned state (coupled sampling).
         """
-        if method not in METHODS:
-            raise SwiftkError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+        m = methods.get(method)
         decode_kw, opt_kw = split_options(options)
         if opt_kw:
             k = sorted(opt_kw)[0]
             raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
                               f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
-        if method == "early_exit" and "kvq" not in decode_kw:
-            # the exit boundary sits mid-model: reusing the layers below it cut the CPU verify pass to 0.86-0.88x
-            # (python -m bench.kvq); layer-skip sets start skipping near layer 1, so there it is off by default
-            decode_kw["kvq"] = True
-        cfg = updated(self.decode_config, decode_kw) if decode_kw else self.decode_config
+        cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
         if not callable(callback) and callback is not None:
             raise SwiftkError("callback must be callable")
-        if state is not None and not isinstance(state, SkipSetState):
-            raise SwiftkError(f"state must be a SkipSetState (eng.new_state()), got {type(state).__name__}")
+        if state is not None and not isinstance(state, LearnedState):
+            raise SwiftkError(f"state must be a LearnedState (eng.new_state()), got {type(state).__name__}")
+        if state is not None and state.n_layers != self.config.n_layers:
+            raise SwiftkError(f"state is for a {state.n_layers}-layer model, this one has {self.config.n_layers} layers")
         sp = SamplingParams(temperature, top_k, top_p, seed).validate()
-        fixed = self._fixed_skip(method, exit_layer, skip_set, "optimize" in decode_kw and cfg.optimize)
+        proposers = check_proposers(proposers, m, not sp.greedy and cfg.sampling == "rejection")
+        fixed = m.fixed_skip(self.config.n_layers, self.identity, exit_layer, skip_set,
+                             "optimize" in decode_kw and cfg.optimize)
         ids = self.encode_prompt(prompt, chat)
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
 
         with self._lock:
-            if method == "moa" and self._moa is None:
-                self.load_drafter(None)
-            if method != "autoregressive" and cfg.datastore:
-                self.datastore()   # built (or read) once, before the timed loop
-            if method not in ("autoregressive", "ngram") and self._head_size(cfg.draft_vocab):
-                self._head_for(cfg.draft_vocab)   # likewise the draft head (its token ranking: ~2 s once per machine)
-            if state is None:
-                state = self.state if fixed is None and method not in ("ngram", "moa") else \
-                    self._state_for(method, fixed)
-            return self._generate(ids, max_new_tokens, method, sp, stop, callback, progress, exit_layer, fixed,
-                                  state, cfg, _cancel)
+            if m.speculative:
+                m.prepare(self, cfg)   # what the method builds once (draft head, drafter), before the timed loop
+                if cfg.datastore:
+                    self.corpus()
+                state = state if state is not None else self._state_for(m.state_key(fixed))
+            return self._generate(ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state,
+                                  cfg, proposers, _cancel)
 
-    def _state_for(self, method: str, fixed: Optional[torch.Tensor]) -> SkipSetState:
-        """The acceptance statistics of a fixed draft (its own per set, a few kept)."""
-        key = method if fixed is None else bytes(fixed.to(torch.uint8).tolist())
-        st = self._fixed_states.pop(key, None) or SkipSetState(self.config.n_layers, self.state.cfg)
-        self._fixed_states[key] = st  # most recently used last
-        while len(self._fixed_states) > 8:
-            del self._fixed_states[next(iter(self._fixed_states))]
+    def _state_for(self, key) -> LearnedState:
+        """The engine's learned state for a method (key None: SWIFT's, the one that persists); a few kept."""
+        if key is None:
+            return self.state
+        st = self._states.pop(key, None) or LearnedState(self.config.n_layers, self.state.cfg)
+        self._states[key] = st  # most recently used last
+        while len(self._states) > 8:
+            del self._states[next(iter(self._states))]
         return st
 
-    def _generate(self, ids, max_new_tokens, method, sp, stop, callback, progress, exit_layer, fixed, state, cfg,
-                  cancel) -> GenerationResult:
-        bar = None
-        cb = callback
+    def _generate(self, ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state, cfg,
+                  proposers, cancel) -> GenerationResult:
+        bar, cb = None, callback
         if progress:
             from tqdm import tqdm
 
@@ -284,121 +264,67 @@ class Engine:
         sampler = Sampler(sp, self.device, cfg.sampling)
         t0 = time.perf_counter()
         try:
-            if method == "autoregressive":
+            if not m.speculative:
                 stats = autoregressive(self.model, self.cache, ids, sampler, sink)
             else:
-                head = None
-                if method != "ngram" and self._head_size(cfg.draft_vocab):
-                    head = lambda: self._head_for(cfg.draft_vocab)  # noqa: E731 - built at the first draft step
-                stats = swift_decode(self.model, self.cache, state, self.costs, ids, sampler, sink, cfg,
-                                     skip=None if fixed is None else fixed.to(self.device), head=head,
-                                     layer_draft=method != "ngram", moa=self._moa if method == "moa" else None,
-                                     datastore=self._datastore if cfg.datastore else None)
+                # free drafts are deterministic: tree rejection sampling has no rule for them
+                rejection = not sp.greedy and cfg.sampling == "rejection"
+                sources = [] if rejection else free_sources(self, state, cfg, proposers)
+                s = Session(self.model, self.cache, self.costs, Gate(self.costs, state.gate, cfg), sampler, sink,
+                            cfg, ids, ("ngram", "history", "datastore", *(x.name for x in sources)))
+                stats = speculative_decode(s, m.drafter(self, state, cfg, fixed), sources)
         finally:
             if bar is not None:
                 bar.close()
         wall = time.perf_counter() - t0
-        state.history.add(sink.ids)   # every output decoded with this state drafts for later prompts (history=)
-        stats.method, stats.new_tokens, stats.prompt_tokens = method, len(sink.ids), len(ids)
+        if m.speculative:   # every output decoded with a learned state drafts for later prompts (history=)
+            state.history.add(sink.ids)
+            state.tokens_seen += len(sink.ids)
+            state.time_decode_s += wall
+        stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(ids)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
-        stats.exit_layer = exit_layer if method == "early_exit" else None
-        if self.persist and method != "autoregressive" and state is self.state:
+        stats.exit_layer = exit_layer
+        if self.persist and m.speculative and state is self.state:
             self._save_persisted()
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
                                 finish_reason=sink.finish_reason, stats=stats)
 
-    def datastore(self):
-        """The corpus n-gram tables for this model's tokenizer (swiftk/datastore.py): read from
-        ``$SWIFTK_HOME/datastore`` or built there once (~10 s), kept in memory for this engine."""
-        from .datastore import Datastore, stdlib_datastore
+    # ------------------------------------------------------------------ built once per engine
+    def resource(self, name, make: Optional[Callable] = None):
+        """An object built once per engine (draft head, corpus, trained drafter): ``make()`` at first use."""
+        if name not in self._resources and make is not None:
+            self._resources[name] = make()
+        return self._resources.get(name)
 
-        if self._datastore is None:
-            try:
-                ds = stdlib_datastore(self.tokenizer, str(self.identity.get("fingerprint") or ""))
-                if ds.max_token() >= self.config.vocab_size:
-                    raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({self.config.vocab_size})")
-            except Exception as e:  # noqa: BLE001 - a tokenizer that cannot encode the corpus (a custom one)
-                warnings.warn(f"swiftk: no corpus n-grams for this tokenizer ({type(e).__name__}: {str(e)[:200]}); "
-                              "decoding without them")
-                ds = Datastore.build([])   # empty: proposes nothing, and is not rebuilt at every call
-            self._datastore = ds
-        return self._datastore
+    def set_resource(self, name, value) -> None:
+        with self._lock:
+            self._resources[name] = value
 
-    # ------------------------------------------------------------------ the MoA drafter
-    def trained_drafter_path(self) -> Path:
-        """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
-        from .registry import swiftk_home
+    def corpus(self):
+        """The corpus n-gram tables the "datastore" source drafts from (swiftk/datastore.py): unless
+        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore`` or built
+        there once (~10 s)."""
+        from .datastore import engine_corpus
 
-        name = str(self.identity.get("name") or "model")
-        fp = str(self.identity.get("fingerprint") or "")[:12]
-        return swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"
+        return self.resource("corpus", lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
 
-    def drafter_path(self) -> Path:
-        """Where this model's drafter is looked for: the trained one, else the one shipped with the package."""
-        home = self.trained_drafter_path()
-        shipped = Path(__file__).parent / "moa" / "drafters" / f"{self.identity.get('name')}.safetensors"
-        return home if home.is_file() or not shipped.is_file() else shipped
+    def use_corpus(self, datastore) -> None:
+        """Draft corpus n-grams from ``datastore`` (``swiftk.datastore.Datastore.build(token_ids)``)."""
+        from .datastore import Datastore
 
-    def load_drafter(self, path=None) -> None:
-        """Load a trained MoA drafter (``path``, default :meth:`drafter_path`) for ``method="moa"``."""
-        from .moa.model import load
-        from .moa.runner import MoARunner
+        if not isinstance(datastore, Datastore):
+            raise SwiftkError(f"use_corpus takes a swiftk.datastore.Datastore, got {type(datastore).__name__}")
+        if datastore.max_token() >= self.config.vocab_size:
+            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
+        self.set_resource("corpus", datastore)
 
-        p = Path(path) if path is not None else self.drafter_path()
-        if path is None and not p.is_file():
-            name = self.identity.get("name") or "<model>"
-            raise SwiftkError(f"no MoA drafter for {name!r} (looked for {p}); train one with `swiftk train-drafter "
-                              f"--model {name}` or pass swiftk.load(..., drafter=PATH)")
-        drafter, extra = load(p, self.config, self.identity, self.device)
-        self._moa = MoARunner(drafter, self.model, self.cache.max_slots)
-        self._moa_info = {"path": str(p), "tli": drafter.cfg.tli, "lsa": drafter.cfg.lsa,
-                          "parameters": drafter.n_params(), **{k: extra[k] for k in extra if k != "history"}}
+    def draft_head(self, size: int):
+        """The reduced-vocabulary draft head (vocab.DraftHead: the ``size`` most frequent tokens; the drafter adds
+        every token of the context), reset for a new call; None when a subset would not be much smaller than the
+        vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
+        from .vocab import engine_draft_head
 
-    def _head_size(self, size: int) -> int:
-        """The draft vocabulary size in use: 0 (the full head) when a subset would not be much smaller."""
-        size = size if 0 < size < self.config.vocab_size // 2 else 0
-        if not size:
-            self.costs.draft_head_bytes = None
-        return size
-
-    def _head_for(self, size: int):
-        """The reduced-vocabulary draft head for one call: the ``size`` most frequent tokens (the loop adds every
-        token of the context). Built once per engine, before the first call that may draft (generate), so a call's
-        timings hold decoding only."""
-        if self._draft_head is None or self._draft_head[0] != size:  # (size, base count, head)
-            from .registry import swiftk_home
-            from .vocab import DraftHead, frequent_token_ids
-
-            base = frequent_token_ids(self.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
-                                      model_name=str(self.identity.get("name") or "model"))
-            self._draft_head = (size, len(base),
-                                DraftHead(self.model.lm_head, base.to(self.device), len(base) + self.max_context + 64))
-        _, n_base, head = self._draft_head
-        head.truncate(n_base)
-        self.costs.draft_head_bytes = head.weight_bytes
-        return head
-
-    def _fixed_skip(self, method: str, exit_layer, skip_set, optimize: bool) -> Optional[torch.Tensor]:
-        """The draft's skip set when it is fixed for this call (early exit, static set), else None (the state's)."""
-        L = self.config.n_layers
-        if exit_layer is not None and method != "early_exit":
-            raise SwiftkError(f"exit_layer is an option of method='early_exit', not {method!r}")
-        if method == "early_exit":
-            if exit_layer is None:
-                raise SwiftkError("method='early_exit' needs exit_layer=E (the draft runs layers 0..E-1)")
-            if skip_set is not None:
-                raise SwiftkError("method='early_exit' takes exit_layer, not skip_set")
-            return skipset.early_exit(L, exit_layer)
-        if skip_set is None:
-            if method == "static":
-                raise SwiftkError("method='static' needs skip_set=PATH (a file from save_skip_set or swiftk optimize)")
-            return None
-        if method in ("autoregressive", "ngram", "moa"):
-            raise SwiftkError(f"skip_set is an option of the layer-skip methods, not {method!r}")
-        if optimize:
-            raise SwiftkError("skip_set=... decodes with that set without optimizing; to keep optimizing from it "
-                              "use engine.load_skip_set(path, optimize=True)")
-        return skipset.coerce(skip_set, L, self.identity)
+        return engine_draft_head(self, size)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Iterator over text pieces (generation runs in a worker thread). Abandoning the iterator cancels the
@@ -455,8 +381,8 @@ class Engine:
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
                 "layer_loop": ("fused C loop (kernels/cpu_decode.cpp) for passes of <= 32 tokens"
-                               if self.model._fused_ok and cpu_linear.fused_active() else "torch, op by op"),
-                "costs": self.costs.to_dict(), "drafter": self._moa_info,
+                               if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
+                "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},

@@ -18,7 +18,6 @@ import torch
 from .errors import SwiftkError
 from .sampling import process_logits, validate_sampling_params
 
-METHODS = ("swift", "autoregressive", "early_exit", "static", "ngram", "moa")
 MAX_SEED = 2**63 - 1
 
 
@@ -242,7 +241,7 @@ def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
     ar = torch.arange(P, device=dev)
     logits = model.forward(torch.tensor(prompt_ids, device=dev), ar, ar, cache,
                            logits_idx=torch.tensor([P - 1], device=dev))
-    cache.length = P
+    cache.advance(P)
     return sampler.pick(logits[0], P)
 
 
@@ -252,7 +251,7 @@ def plain_step(model, cache, token: int, sampler: Sampler) -> int:
     n = cache.length
     pos = torch.tensor([n], device=dev)
     logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache, start=n)
-    cache.length = n + 1
+    cache.advance(1)
     sampler.release(n + 1)
     return sampler.pick(logits[0], n + 1)
 

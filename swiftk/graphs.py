@@ -54,11 +54,11 @@ class _Graph:
         slots = self.start + self.ar_T                                             # [Tb]
         mask = (self.ar_S[None, :] < self.start).expand(Tb, Sb).contiguous()       # committed prefix: all visible
         mask.scatter_(1, slots[None, :].expand(Tb, Tb), self.anc)                  # + ancestors among the new
-        h, x, _ = m._layers(m.embed[self.tokens], 0, m.cfg.n_layers, self.positions, slots, self.cache, mask,
+        h, x, _ = m.run_layers(m.embed[self.tokens], 0, m.cfg.n_layers, self.positions, slots, self.cache, mask,
                             self.skip)
         if x is None:
             x = m.ops.rmsnorm(h, m.norm, m.cfg.rms_eps)
-        return x, (m._logits(h, x, None, None) if self.with_logits else None)
+        return x, (m.final_logits(h, x, None, None) if self.with_logits else None)
 
     def fill(self, token_ids, positions, start: int, anc) -> None:
         T, Tb = token_ids.shape[0], self.tokens.shape[0]
@@ -110,7 +110,7 @@ class GraphRunner:
             Sb = cache.max_slots
             if start + Tb > Sb:
                 return self._eager("padded bucket past the cache end")
-        skip_key = None if skip is None else tuple(self.model._skip_flags(skip))
+        skip_key = None if skip is None else tuple(self.model.skip_flags(skip))
         key = (id(cache), cache.data.data_ptr(), tuple(cache.data.shape), Tb, Sb, skip_key, head is None)
         g = self._graphs.get(key)
         if g is None:

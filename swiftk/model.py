@@ -26,7 +26,10 @@ from .config import ModelConfig, rope_inv_freq
 from .errors import SwiftkError
 from .ops import cpu_linear, get_ops
 from .ops import reference as reference_ops
+from .kvcache import KVCache
+from .skipset import SkipSet
 from .tree import TreeMask
+from .weights import KERNEL_MAX_ROWS, WEIGHT_FORMATS, QWeight, _TRANSPOSED, choose_cpu_linear_forms, linear, nbytes  # noqa: F401
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -53,75 +56,6 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-class KVCache:
-    """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens.
-
-    Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten.
-    """
-
-    def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device, ops=None):
-        self.data = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, max_slots, cfg.head_dim, dtype=dtype, device=device)
-        self.max_slots = max_slots
-        self.length = 0
-        self._ops = ops or get_ops(device)
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def commit(self, path: torch.Tensor, n_spine: int = 0) -> None:
-        """Append the accepted tree path (node indices root..last; node i sits in slot length+i) to the committed
-        prefix: one gather/copy over all layers, skipped when the path is the spine prefix (already in place)."""
-        n, L = self.length, path.shape[0]
-        if L > n_spine or not torch.equal(path, torch.arange(L, device=path.device)):
-            self._ops.kv_commit(self.data, n + path, torch.arange(n, n + L, device=path.device))
-        self.length = n + L
-
-
-@dataclass(frozen=True)
-class QWeight:
-    """A weight-only int8 matrix: w ~= q * scale[:, None] (symmetric, one float32 scale per output row).
-
-    Rows can be gathered (``w[ids]``) like a tensor's; :func:`linear` runs it on the CPU kernel."""
-    q: torch.Tensor       # [N, K] int8
-    scale: torch.Tensor   # [N] float32
-
-    @staticmethod
-    def quantize(w: torch.Tensor) -> "QWeight":
-        wf = w.float()
-        scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        return QWeight(q.contiguous(), scale.contiguous())
-
-    def dequantize(self) -> torch.Tensor:
-        return self.q.float() * self.scale[:, None]
-
-    @property
-    def shape(self):
-        return self.q.shape
-
-    @property
-    def device(self):
-        return self.q.device
-
-    def __getitem__(self, idx) -> "QWeight":
-        return QWeight(self.q[idx], self.scale[idx])
-
-    def numel(self) -> int:
-        return self.q.numel()
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() + 4 * self.scale.numel()
-
-
-def nbytes(t) -> int:
-    """Bytes a read of the whole weight costs (a QWeight counts its scales)."""
-    return t.nbytes if isinstance(t, QWeight) else t.numel() * t.element_size()
-
-
-WEIGHT_FORMATS = ("bfloat16", "int8")
-
-
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
@@ -131,58 +65,6 @@ class Layer:
     mlp_norm: torch.Tensor
     w_gate_up: torch.Tensor     # [2I, D] = [gate; up]
     w_down: torch.Tensor
-
-
-# CPU linears run on swiftk's own kernel (kernels/cpu_linear.cpp, built at first use; see swiftk/ops/cpu_linear.py):
-# it reads each weight once for all T rows and is batch invariant. Without it (no compiler, SWIFTK_CPU_KERNELS=0)
-# torch's matmul serves, in the product form measured faster for T rows on this CPU: MKL's x @ w.T at a few rows
-# is 1.6-3x slower than its one-row GEMV on some CPUs and the faster form on others (choose_cpu_linear_forms).
-_TRANSPOSED: dict = {}
-KERNEL_MAX_ROWS = 32   # above this many rows (a prefill) MKL's GEMM beats the skinny kernel
-
-
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [T, K] times w [N, K] transposed -> [T, N] in x's dtype (w may be a QWeight, or bfloat16 under float32
-    activations: the weight formats of ``Model(weights=...)``)."""
-    if x.device.type != "cpu":
-        return x @ w.T
-    T = x.shape[0]
-    if T == 0:   # no rows asked for (e.g. logits_idx empty): the kernel takes none
-        return x.new_empty(0, w.shape[0])
-    if T <= KERNEL_MAX_ROWS and cpu_linear.active():
-        return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
-    # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.
-    if isinstance(w, QWeight):
-        w = w.dequantize().to(x.dtype)
-    elif w.dtype != x.dtype:
-        w = w.to(x.dtype)
-    if T > 1 and _TRANSPOSED.get(min(T, 8), True):
-        return (w @ x.T).T
-    return x @ w.T
-
-
-def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
-    """Time both torch product forms on ``w`` (a large weight of the model) for 2, 3, 4, 6 and 8 rows; remember the
-    faster per row count (counts in between use the next measured one)."""
-    import time
-
-    def best(f):
-        t = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            f()
-            t = min(t, time.perf_counter() - t0)
-        return t
-
-    out = {}
-    for T in (2, 3, 4, 6, 8):
-        x = torch.randn(T, w.shape[1], dtype=w.dtype)
-        (w @ x.T).T, x @ w.T  # warm-up
-        out[T] = best(lambda: (w @ x.T).T) < best(lambda: x @ w.T)
-    for T in (5, 7):
-        out[T] = out[T + 1]
-    _TRANSPOSED.update(out)
-    return out
 
 
 class Model:
@@ -246,10 +128,10 @@ class Model:
         self.ops = get_ops(self.device)
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
         self._no_skip = [False] * cfg.n_sublayers
-        self.graphs = None           # graphs.GraphRunner on CUDA (Engine(cuda_graphs=...)); None: every pass eager
+        self.graphs = None           # graphs.GraphRunner on CUDA (enable_graphs); None: every pass eager
         # CPU float32 activations: the layer loop can run as one C call (kernels/cpu_decode.cpp) when the kernel
         # library is built; _fused_tables: per KV cache, the weight/cache addresses it reads
-        self._fused_ok = (self.device.type == "cpu" and dtype == torch.float32
+        self.fused_ok = (self.device.type == "cpu" and dtype == torch.float32
                           and all(t.dtype == torch.float32 for L in self.layers for t in (L.attn_norm, L.mlp_norm)))
         self._fused_tables: dict = {}
         self._fused_fl = (None, None)
@@ -262,6 +144,12 @@ class Model:
             warnings.warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
                           "matmuls through torch after converting the weights every call: slow", RuntimeWarning,
                           stacklevel=2)
+
+    def enable_graphs(self) -> None:
+        """Replay the decode loop's small passes from CUDA graphs (graphs.py), captured lazily."""
+        from .graphs import GraphRunner
+
+        self.graphs = GraphRunner(self)
 
     def new_cache(self, max_slots: int) -> KVCache:
         return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)
@@ -306,29 +194,29 @@ class Model:
         if attn_mask is None and start is not None:
             attn_mask = torch.ones(1, start + 1, dtype=torch.bool, device=self.device)   # every slot <= start
         h = self.embed[token_ids]                                      # residual stream [T, D]
-        h, x, captured = self._layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
+        h, x, captured = self.run_layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
                                       capture_layer)
-        logits = self._logits(h, x, logits_idx, head)
+        logits = self.final_logits(h, x, logits_idx, head)
         return logits if capture_layer is None else (logits, captured)
 
     @torch.inference_mode()
     def forward_to(self, stop_layer: int, token_ids, positions, slots, cache: KVCache, attn_mask=None):
         """Layers [0, stop_layer) only: the residual stream [T, D] entering ``stop_layer``."""
-        return self._layers(self.embed[token_ids], 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
+        return self.run_layers(self.embed[token_ids], 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
 
     @torch.inference_mode()
     def forward_from(self, start_layer: int, hidden, positions, slots, cache: KVCache, attn_mask=None, *,
                      head=None):
         """Layers [start_layer, L) from residual ``hidden`` [T, D] entering ``start_layer``; returns logits."""
-        h, x, _ = self._layers(hidden, start_layer, self.cfg.n_layers, positions, slots, cache, attn_mask, None)
-        return self._logits(h, x, None, head)
+        h, x, _ = self.run_layers(hidden, start_layer, self.cfg.n_layers, positions, slots, cache, attn_mask, None)
+        return self.final_logits(h, x, None, head)
 
     @torch.inference_mode()
     def logits_of(self, hidden, head=None):
         """Logits of a final residual [T, D] (final norm, then ``head`` or the LM head)."""
-        return self._logits(hidden, None, None, head)
+        return self.final_logits(hidden, None, None, head)
 
-    def _layers(self, h, start: int, stop: int, positions, slots, cache, attn_mask, skip, capture=None):
+    def run_layers(self, h, start: int, stop: int, positions, slots, cache, attn_mask, skip, capture=None):
         """The layer loop over residual ``h`` for layers [start, stop). Returns (h, x, captured): x is h normed
         for whatever comes next when the loop ran to the end, else None."""
         c, ops = self.cfg, self.ops
@@ -338,14 +226,14 @@ class Model:
             raise SwiftkError(f"bad partial pass: layers [{start}, {stop}) of {n_layers}")
         attend = self._attention(T, slots, cache, attn_mask)
         rope = ops.rope_plan(positions, self.inv_freq)
-        flags = self._skip_flags(skip)
+        flags = self.skip_flags(skip)
         end = stop
         if stop == n_layers:
             # Past the last computed sublayer the residual no longer changes: stop there (an early-exit draft reads
             # no weight of the layers it skips).
             last = max((i for i in range(2 * start, 2 * stop) if not flags[i]), default=-1)
             end = last // 2 + 1
-        if T <= KERNEL_MAX_ROWS and self._fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
+        if T <= KERNEL_MAX_ROWS and self.fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
             return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
         captured = h.clone() if capture == start else None
         x = None   # h normed with the weight of the next sublayer, when the fused add+norm already produced it
@@ -462,17 +350,20 @@ class Model:
             self._fused_fl = (flags, torch.tensor(flags, dtype=torch.uint8))
         return self._fused_fl[1]
 
-    def _logits(self, h, x, logits_idx, head):
+    def final_logits(self, h, x, logits_idx, head):
         if x is None:
             x = self.ops.rmsnorm(h, self.norm, self.cfg.rms_eps)
         if logits_idx is not None:
             x = x[logits_idx]
         return head(x) if head is not None else linear(x, self.lm_head).float()
 
-    def _skip_flags(self, skip) -> list:
+    def skip_flags(self, skip) -> list:
+        """The host flags of a skip set (a skipset.SkipSet carries its own; a bool tensor [2L] is read once)."""
         n = self.cfg.n_sublayers
         if skip is None:
             return self._no_skip
+        if isinstance(skip, SkipSet):
+            return skip.flags
         if self._flags[0] is skip:
             return self._flags[1]
         if not isinstance(skip, torch.Tensor) or skip.dtype != torch.bool or tuple(skip.shape) != (n,):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -106,3 +107,21 @@ def coerce(value, n_layers: int, identity: dict) -> torch.Tensor:
         return read(value, identity, n_layers)
     raise SwiftkError(f"skip_set must be a file path, a dict of layer lists or a bool tensor, "
                       f"got {type(value).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class SkipSet:
+    """One skip set as the decode loop uses it, derived once: the host mask, its flags (the torch path branches on
+    them), the device copy the kernels read, the share of a decode step's weight bytes a draft step with it reads,
+    and its KVQ boundary (the first layer with a skipped sublayer; None when nothing below it can be reused)."""
+
+    mask: torch.Tensor
+    flags: tuple
+    device_mask: torch.Tensor
+    kept: float
+    boundary: Optional[int]
+
+    @staticmethod
+    def of(mask: torch.Tensor, device, kept: float) -> "SkipSet":
+        host = mask.cpu()
+        return SkipSet(host, tuple(host.tolist()), mask.to(device), kept, kvq_boundary(host) or None)

@@ -11,7 +11,7 @@ copies nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -19,8 +19,7 @@ import torch
 from .config import GREEDY_TOPK, SAMPLING_TOPK  # noqa: F401  (re-exported: the tree's top-k bins)
 from .errors import SwiftkError
 
-ROOT, DRAFT, NGRAM, DATASTORE, HISTORY = 0, 1, 2, 3, 4   # node sources, reported per accepted token
-SOURCE_NAMES = ("root", "draft", "ngram", "datastore", "history")
+ROOT, DRAFT = "root", "draft"   # node sources; a free chain's nodes carry its source's name
 
 
 # ------------------------------------------------------------------------------------------- formats
@@ -137,11 +136,13 @@ class DraftLevel:
 @dataclass
 class Chain:
     """A free draft (no model call): ``tokens`` continuing the root, ``probs[d]`` the estimated chance that token
-    d is accepted given its parent was, and the ``source`` reported for its accepted tokens."""
+    d is accepted given its parent was, the ``source`` that proposed it (its name), and ``keys[d]``: what the
+    source filed that estimate under (handed back to the source with the outcome)."""
 
     tokens: list
     probs: list
-    source: int
+    source: str
+    keys: list = field(default_factory=list)
 
 
 @dataclass
@@ -152,13 +153,19 @@ class Tree:
     mask: TreeMask          # prefix + ancestor relation for the verify pass
     draft_probs: Optional[torch.Tensor]  # [N, V] for rejection sampling (rows of spine nodes), else None
     n_spine: int            # nodes 0..n_spine-1 are the layer-skip draft's spine (root included)
-    source: list            # per node: ROOT, DRAFT or the source of the free chain that added it
+    source: list            # per node: ROOT, DRAFT or the name of the free source that added it
     value: list             # per node: estimated probability that it is accepted (the gate's currency)
     prob: list              # per node: the source's own probability for its token (draft prob, n-gram estimate)
+    key: list               # per node: what its source files the outcome under (draft nodes: the draft prob)
 
     @property
     def size(self) -> int:
         return self.parents.shape[0]
+
+    def outcomes(self, path: list) -> list:
+        """(node, accepted?) for every node whose parent was accepted: what the sources learn from."""
+        on, par = set(path), self.parents.tolist()
+        return [(i, i in on) for i in range(1, self.size) if par[i] in on]
 
 
 def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *, chains=(),
@@ -176,11 +183,12 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     speed gate) may keep fewer than ``max_nodes``.
     """
     n_spine = max(1, len(levels))  # root + levels[j].tokens[0] for every level but the last
-    parents, tokens, score, source, prob = [-1], [root_token], [0.0], [ROOT], [1.0]
+    parents, tokens, score, source, prob, key = [-1], [root_token], [0.0], [ROOT], [1.0], [None]
     for j in range(n_spine - 1):
         parents.append(j)
         tokens.append(levels[j].tokens[0])
         prob.append(levels[j].probs[0])
+        key.append(levels[j].probs[0])
         score.append(min(score[j] + _log(calibrate(levels[j].probs[0])), score[j]))
         source.append(DRAFT)
     for j, lv in enumerate(levels):
@@ -192,10 +200,11 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
             score.append(s)
             source.append(DRAFT)
             prob.append(lv.probs[r])
+            key.append(lv.probs[r])
             prev = s
     for ch in chains:
         if ch.tokens:
-            _add_chain(parents, tokens, score, source, prob, ch)
+            _add_chain(parents, tokens, score, source, prob, key, ch)
     N = len(parents)
     order = sorted(range(N), key=lambda i: (-score[i], i))
     keep_n = min(N, max_nodes)
@@ -204,13 +213,13 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     if keep_n == 1:   # nothing worth verifying (the loop takes a plain step): a host-side root, no tree tensors
         return Tree(parents=torch.tensor([-1]), tokens=torch.tensor([root_token]), depth=torch.tensor([0]),
                     mask=TreeMask(prefix_len, torch.ones(1, 1, dtype=torch.int32), torch.ones(1, 1, dtype=torch.bool)),
-                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0])
+                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0], key=[None])
     if keep_n < N:
         keep = sorted(order[:keep_n])
         remap = {old: new for new, old in enumerate(keep)}
         parents = [-1 if parents[i] < 0 else remap[parents[i]] for i in keep]
         tokens, score = [tokens[i] for i in keep], [score[i] for i in keep]
-        source, prob = [source[i] for i in keep], [prob[i] for i in keep]
+        source, prob, key = [source[i] for i in keep], [prob[i] for i in keep], [key[i] for i in keep]
         n_spine = sum(1 for i in keep if i < n_spine)
     # Built on the host (on a GPU every tiny op would be a kernel launch), then moved in 3 copies. Parents come
     # first, so each node's ancestor set is its parent's plus itself: one Python int per node is the packed mask.
@@ -232,11 +241,11 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
         for j in range(min(len(levels), n_spine)):
             draft_probs[j] = levels[j].dist
     return Tree(parents=ptd[0], tokens=ptd[1], depth=ptd[2], mask=TreeMask(prefix_len, bits, anc),
-                draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob)
+                draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob,
+                key=key)
 
 
-
-def _add_chain(parents, tokens, score, source, prob, chain: Chain) -> None:
+def _add_chain(parents, tokens, score, source, prob, key, chain: Chain) -> None:
     """Hang ``chain`` under the root, walking existing nodes while their tokens agree (no duplicate children).
 
     Where it runs through a free node whose value is lower than its own estimate, that node (and, to keep values
@@ -256,6 +265,7 @@ def _add_chain(parents, tokens, score, source, prob, chain: Chain) -> None:
             score.append(s)
             source.append(chain.source)
             prob.append(chain.probs[d])
+            key.append(chain.keys[d] if d < len(chain.keys) else None)
             hit = len(parents) - 1
             children[(node, tok)] = hit
         elif source[hit] != DRAFT and s > score[hit]:

@@ -195,3 +195,20 @@ class DraftHead:
 
     def nbytes(self) -> int:
         return sum(nbytes(t) for t in (self._w, self._ids) + ((self._s,) if self._s is not None else ()))
+
+
+def engine_draft_head(engine, size: int):
+    """The engine's draft head of ``size`` base tokens, built once (kept as its "draft_head" resource) and reset
+    for a new call; None when a subset would not be much smaller than the vocabulary (or ``size`` is 0)."""
+    if not 0 < size < engine.config.vocab_size // 2:
+        return None
+    def make():
+        from .registry import swiftk_home
+
+        base = frequent_token_ids(engine.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
+                                  model_name=str(engine.identity.get("name") or "model"))
+        return len(base), DraftHead(engine.model.lm_head, base.to(engine.device), len(base) + engine.max_context + 64)
+
+    n_base, head = engine.resource(("draft_head", size), make)
+    head.truncate(n_base)
+    return head

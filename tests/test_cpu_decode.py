@@ -48,7 +48,8 @@ def _prefix(m, cache, n=11, seed=3):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, m.cfg.vocab_size, (n,), generator=g)
     m.forward(ids, torch.arange(n), torch.arange(n), cache)
-    cache.length = n
+    cache.reset()
+    cache.advance(n)
     return n
 
 

@@ -6,7 +6,9 @@ import torch
 import swiftk
 from swiftk.datastore import CONF_BINS, MAX_N, Datastore, bucket
 from swiftk.errors import SwiftkError
-from swiftk.tree import DATASTORE, NGRAM, Chain, build_tree
+from swiftk.tree import Chain, build_tree
+
+NGRAM, DATASTORE = "ngram", "datastore"
 
 
 def brute(corpus, ctx, min_count=2):
@@ -101,7 +103,7 @@ def test_corpus_drafts_are_verified_like_any_draft(eng, sampling):
     kw = {"temperature": 0.8, "seed": 3} if sampling else {}
     prompt = "w3 w9 w1"
     ref = eng.generate(prompt, max_new_tokens=40, method="autoregressive", **kw)
-    eng._datastore = Datastore.build((ref.prompt_ids + ref.token_ids) * 2)
+    eng.use_corpus(Datastore.build((ref.prompt_ids + ref.token_ids) * 2))
     for method in ("ngram", "swift"):
         out = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False, ngram=False,
                            history=False, **kw)
@@ -114,14 +116,17 @@ def test_corpus_drafts_are_verified_like_any_draft(eng, sampling):
 
 def test_corpus_estimates_learn_and_outlive_the_prompt(eng):
     """Misses lower a bucket's estimate (the gate stops paying for it); a new prompt keeps what was learned."""
-    st = eng.state.stats
-    before = st.datastore_prob(3)
+    from swiftk.proposers import CorpusNgrams
+
+    est = eng.state.source_estimates("datastore", CorpusNgrams.new_estimates)
+    before = est.prob(3)
     for _ in range(10):
-        st.observe_datastore(3, False)
-    assert st.datastore_prob(3) < before / 2
-    low = st.datastore_prob(3)
-    st.new_text()
-    assert st.datastore_prob(3) == low
+        est.observe(3, False)
+    assert est.prob(3) < before / 2
+    low = est.prob(3)
+    eng.use_corpus(Datastore.build([]))   # a corpus that proposes nothing: the next prompt observes nothing
+    eng.generate("w3 w9 w1", max_new_tokens=8)
+    assert eng.state.source_estimates("datastore", CorpusNgrams.new_estimates) is est and est.prob(3) == low
 
 
 def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(eng, monkeypatch):
@@ -131,8 +136,7 @@ def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(eng, mon
 
     ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
     monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
-    eng._datastore = None
     with pytest.warns(UserWarning, match="no corpus n-grams"):
         out = eng.generate("w3 w9 w1", max_new_tokens=12, method="ngram", speculate="always")
     assert out.token_ids == ref and out.stats.accepted_by_source["datastore"] == 0
-    assert eng.datastore().max_token() == -1   # kept empty: not rebuilt at every call
+    assert eng.corpus().max_token() == -1   # kept empty: not rebuilt at every call

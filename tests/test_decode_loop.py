@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import swiftk
-import swiftk.swift as swift_mod
+import swiftk.decode as decode_mod
+import swiftk.proposers.layerskip as layerskip_mod
 from swiftk.config import DecodeConfig, OptimizerConfig
 from swiftk.costs import CostModel
 from swiftk.errors import SwiftkError
@@ -60,7 +61,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     assert out.token_ids == ref and out.stats.accepted_by_source["history"] == 0    # history=False
     assert out.stats.rounds == 0                                                    # no source left: plain steps
     from swiftk.datastore import Datastore
-    eng._datastore = Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2)   # a corpus that knows the answer
+    eng.use_corpus(Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2))   # a corpus that knows the answer
     on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, **ALWAYS)
     off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, datastore=False,
                        **ALWAYS)
@@ -70,20 +71,20 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     eng.generate(PROMPT, max_new_tokens=60, optimize=False, **ALWAYS)
     assert eng.optimizer.steps == steps                                             # optimize=False
     seen = {}
-    real_verify = swift_mod.verify
+    real_verify = decode_mod.verify
 
     def spy(model, cache, tree, levels, boundary):
         seen["boundary"] = boundary
         return real_verify(model, cache, tree, levels, boundary)
 
-    monkeypatch.setattr(swift_mod, "verify", spy)
+    monkeypatch.setattr(decode_mod, "verify", spy)
     eng.generate(PROMPT, max_new_tokens=12, method="early_exit", exit_layer=3, kvq=True, ngram=False, **ALWAYS)
     assert seen["boundary"] == 3                                                    # kvq
     eng.generate(PROMPT, max_new_tokens=12, method="early_exit", exit_layer=3, kvq=False, ngram=False, **ALWAYS)
     assert seen["boundary"] is None
     rules = []
-    real_accept = swift_mod.accept_tree
-    monkeypatch.setattr(swift_mod, "accept_tree", lambda tree, t, rule=None, g=None: rules.append(rule)
+    real_accept = decode_mod.accept_tree
+    monkeypatch.setattr(decode_mod, "accept_tree", lambda tree, t, rule=None, g=None: rules.append(rule)
                         or real_accept(tree, t, rule, g))
     eng.generate(PROMPT, max_new_tokens=12, temperature=0.8, seed=1, sampling="rejection", ngram=False, **ALWAYS)
     assert set(rules) == {"rejection"}                                               # sampling
@@ -161,31 +162,32 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     """A verify pass must promise more than the cost model's error; two n-gram misses at a match length stop it
     being verified on a CPU whose 2-token verify costs 1.3 steps."""
     from swiftk.costs import Gate
-    from swiftk.state import AcceptanceStats
+    from swiftk.proposers import ContextNgrams
+    from swiftk.state import GateMemory
 
     c = CostModel(eng.model)
     c.step, c.verify = 1.0, {2: 1.3}
-    gate = Gate(c, AcceptanceStats(), DecodeConfig().validate())
+    gate = Gate(c, GateMemory(), DecodeConfig().validate())
     assert gate.tree_size(0.0, [0.35]) == 1          # (1 + 0.35) / 1.3: +3.8% predicted, worth a verify pass
     assert gate.tree_size(0.0, [0.33]) == 0          # +2.3%: within the model's error, a plain step instead
     assert gate.tree_size(0.0, [0.25]) == 0          # slower than plain
-    st = AcceptanceStats()
-    p0 = st.ngram_prob(4)
+    st = ContextNgrams().est
+    p0 = st.prob(4)
     for _ in range(2):
-        st.observe_ngram(4, False)
-    assert p0 > 0.3 and st.ngram_prob(4) < 0.3       # from worth verifying to not, in two misses
-    st.observe_ngram(4, True)
-    st.observe_ngram(4, True)
-    assert st.ngram_prob(4) > 0.45                   # and back when the text starts repeating
-    # below break-even an n-gram is still verified now and then (a probe): it is how the estimate can recover
-    gate = Gate(c, AcceptanceStats(), DecodeConfig().validate())
-    sizes = [gate.ngram_size(0.0, [0.1]) for _ in range(8)]
+        st.observe(4, False)
+    assert p0 > 0.3 and st.prob(4) < 0.3       # from worth verifying to not, in two misses
+    st.observe(4, True)
+    st.observe(4, True)
+    assert st.prob(4) > 0.45                   # and back when the text starts repeating
+    # below break-even a free chain is still verified now and then (a probe): it is how the estimate can recover
+    gate = Gate(c, GateMemory(), DecodeConfig().validate())
+    sizes = [gate.free_size(0.0, [0.1]) for _ in range(8)]
     assert sizes == [0, 0, 0, 1, 0, 0, 0, 1]
-    gate.ngram_probed(False)
-    assert [gate.ngram_size(0.0, [0.1]) for _ in range(8)] == [0] * 7 + [1]  # a miss doubles the gap
-    gate.ngram_probed(True)
-    assert [gate.ngram_size(0.0, [0.1]) for _ in range(4)] == [0, 0, 0, 1]   # a hit resets it
-    assert gate.ngram_size(0.0, [0.9]) == 1 and gate.stats.ng_since == 0      # paying proposals need no probe
+    gate.probed(False)
+    assert [gate.free_size(0.0, [0.1]) for _ in range(8)] == [0] * 7 + [1]  # a miss doubles the gap
+    gate.probed(True)
+    assert [gate.free_size(0.0, [0.1]) for _ in range(4)] == [0, 0, 0, 1]   # a hit resets it
+    assert gate.free_size(0.0, [0.9]) == 1 and gate.free_since == 0         # paying proposals need no probe
 
 
 def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
@@ -221,7 +223,7 @@ def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
     guess for the root itself, and MT-Bench's extraction prompt, a verbatim copy, accepted nothing.)"""
     from swiftk.ngram import NgramIndex
 
-    seen, orig_propose, orig_build = [], NgramIndex.propose, swift_mod.build_tree
+    seen, orig_propose, orig_build = [], NgramIndex.propose, decode_mod.build_tree
 
     def propose(self, *a, **kw):
         seen.append(["index", self.tokens[-1]])
@@ -232,7 +234,7 @@ def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
         return orig_build(root, *a, **kw)
 
     monkeypatch.setattr(NgramIndex, "propose", propose)
-    monkeypatch.setattr(swift_mod, "build_tree", build_tree)
+    monkeypatch.setattr(decode_mod, "build_tree", build_tree)
     ref = ar(eng, n=48)
     out = eng.generate(PROMPT, max_new_tokens=48, method=method, speculate="always", optimize=False)
     assert out.token_ids == ref
@@ -241,25 +243,25 @@ def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
 
 
 def test_ngram_estimates_restart_with_each_prompt(eng, monkeypatch):
-    """Repetition is a property of the text: what chat prompts taught the n-gram estimates and the probe gap must
-    not keep the next prompt (say, an extraction question copying from its prompt) from verifying its n-grams."""
-    from swiftk.state import AcceptanceStats
+    """Repetition is a property of the text: what earlier prompts taught the context n-gram estimates and the
+    probing must not keep the next prompt (say, an extraction question copying from its prompt) from verifying
+    its n-grams. Each call starts from the prior; the layer-skip calibration (the skip set's) is kept."""
+    from swiftk.proposers import ContextNgrams
 
-    st = AcceptanceStats()
-    for _ in range(20):
-        st.observe_ngram(4, False)
-    st.ng_probe_gap, st.ng_since = 128, 50
-    st.observe(0.9, True)   # layer-draft statistics belong to the skip set, not the text: kept
-    kept = (list(st.hits), list(st.tries))
-    st.new_text()
-    fresh = AcceptanceStats()
-    assert st.ngram_prob(4) == fresh.ngram_prob(4) and st.ng_probe_gap == fresh.ng_probe_gap and st.ng_since == 0
-    assert (st.hits, st.tries) == kept
-    # and the decode loop starts every prompt that way
-    calls, orig = [], AcceptanceStats.new_text
-    monkeypatch.setattr(AcceptanceStats, "new_text", lambda self: (calls.append(self), orig(self))[1])
-    eng.generate("def f(x):", max_new_tokens=4, method="swift")
-    assert calls == [eng.state.stats]
+    made, orig = [], ContextNgrams.__init__
+
+    def init(self, estimates=None):
+        orig(self, estimates)
+        made.append((self, self.est.to_dict()))
+
+    monkeypatch.setattr(ContextNgrams, "__init__", init)
+    calib = eng.state.calibration
+    eng.generate(PROMPT, max_new_tokens=32, speculate="always", optimize=False)
+    eng.generate("def f(x):", max_new_tokens=8, method="swift")
+    prior = ContextNgrams.new_estimates().to_dict()
+    assert len(made) == 2 and all(snap == prior for _, snap in made)
+    assert made[0][0].est.to_dict() != prior and made[0][0].est is not made[1][0].est   # learned, then fresh
+    assert eng.state.calibration is calib
 
 
 @pytest.mark.parametrize("matchness, drafts", [(None, False), (0.0, False), (1.0, True)])
@@ -271,8 +273,8 @@ def test_a_running_search_drafts_only_with_a_set_expected_to_pay(eng, monkeypatc
     eng.reset_optimizer(context_window=120)   # > the tokens generated: no optimization step changes the incumbent
     eng.optimizer.best_matchness = matchness
     calls = []
-    real = swift_mod.draft
-    monkeypatch.setattr(swift_mod, "draft", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = layerskip_mod.draft
+    monkeypatch.setattr(layerskip_mod, "draft", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = eng.generate(PROMPT, max_new_tokens=48, ngram=False)
     assert out.token_ids == ref and not eng.optimizer.done
     assert bool(calls) == drafts, len(calls)
@@ -377,26 +379,30 @@ def test_one_token_calls_never_enter_the_loop(eng, method, kw):
 def test_search_budget_follows_what_it_has_found():
     """Half the budget for the first candidates, the full budget once a set is expected to pay, a fifth after the
     first candidates found none; the paper's matchness objective always gets the full budget."""
-    from swiftk.state import SkipSetState
+    from swiftk.state import LearnedState
 
-    st = SkipSetState(4)
+    def budget(state):
+        return layerskip_mod.LayerSkipDraft(state, costs=None)._budget()
+
+    st = LearnedState(4)
     b, o = st.cfg.opt_budget, st.optimizer
-    assert swift_mod._budget(st) == b / 2
+    assert budget(st) == b / 2
     o.best_score = 1.2
-    assert swift_mod._budget(st) == b
-    o.best_score, o.steps = 0.7, swift_mod._EXPLORE
-    assert swift_mod._budget(st) == b / 5
-    assert swift_mod._budget(SkipSetState(4, type(st.cfg)(objective="matchness"))) == b
+    assert budget(st) == b
+    o.best_score, o.steps = 0.7, layerskip_mod._EXPLORE
+    assert budget(st) == b / 5
+    assert budget(LearnedState(4, type(st.cfg)(objective="matchness"))) == b
 
 
 def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
     """A chain is built only as deep as its cumulative estimate stays above the gate's floor, but never to nothing:
     the probes that let a low estimate notice text that started repeating verify a declined chain's first token."""
     from swiftk.datastore import Datastore
+    from swiftk.proposers import useful
 
-    assert swift_mod._useful(0.8, 25, 0.035) == 15 and 0.8 ** 15 >= 0.035 > 0.8 ** 16
-    assert swift_mod._useful(0.01, 25, 0.035) == 1 and swift_mod._useful(0.0, 25, 0.035) == 1
-    assert swift_mod._useful(0.3, 25, 0.0) == 25 and swift_mod._useful(0.9, 0, 0.035) == 0
+    assert useful(0.8, 25, 0.035) == 15 and 0.8 ** 15 >= 0.035 > 0.8 ** 16
+    assert useful(0.01, 25, 0.035) == 1 and useful(0.0, 25, 0.035) == 1
+    assert useful(0.3, 25, 0.0) == 25 and useful(0.9, 0, 0.035) == 0
     ds = Datastore.build([1, 2, 3, 4, 5, 6] * 4)
     assert ds.propose([1], 5)[0] == [2, 3, 4, 5, 6]
     assert ds.propose([1], 5, prob=lambda b: 0.5, floor=0.2)[0] == [2, 3]       # 0.5, 0.25 | 0.125

@@ -44,7 +44,8 @@ def test_graphed_passes_equal_eager_passes(cuda_engines):
         n = len(ids)
         ar = torch.arange(n, device="cuda")
         m.forward(torch.tensor(ids, device="cuda"), ar, ar, cache)
-        cache.length = n
+        cache.reset()
+        cache.advance(n)
         pos = torch.tensor([n], device="cuda")
         step = m.forward(torch.tensor([ids[-1]], device="cuda"), pos, pos, cache, start=n)
         skip = eng.skip_set_from_layers(attention=[3, 5, 7], mlp=[4, 6]).to("cuda")

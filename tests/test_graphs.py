@@ -19,7 +19,8 @@ def _prefill(eng, n):
     ids = torch.randint(3, eng.config.vocab_size, (n,), generator=g)
     ar = torch.arange(n)
     eng.model.forward(ids, ar, ar, eng.cache)
-    eng.cache.length = n
+    eng.cache.reset()
+    eng.cache.advance(n)
     return ids
 
 

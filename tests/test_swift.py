@@ -6,7 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import swiftk
-import swiftk.swift as swift_mod
+import swiftk.proposers.layerskip as layerskip_mod
 from swiftk.drafter import matchness
 from swiftk.tree import DraftLevel
 
@@ -84,7 +84,8 @@ def test_optimized_skip_set_beats_uniform_on_humaneval(eng):
         n = len(seq) - 1
         T = torch.arange(n)
         eng.model.forward(torch.tensor(seq[:n]), T, T, cache)
-        cache.length = n
+        cache.reset()
+        cache.advance(n)
         for name, s in (("best", best), ("uniform", uniform)):
             scores[name].append(matchness(eng.model, cache, seq[n - 32:n], seq[n], s))
     b, u = sum(scores["best"]) / 6, sum(scores["uniform"]) / 6
@@ -98,8 +99,8 @@ def test_forced_random_trees_stay_lossless(eng, monkeypatch):
     refs = {p: eng.tokenizer.encode(p) + _ar(eng, p, 48) for p in prompts}
     state = {}
 
-    def fake_draft(model, cache, root, skip, sampler, gate, *, max_draft, max_spine, topk_bins, boundary=None,
-                   head=None, rejection=False):
+    def fake_draft(model, cache, root, skip, sampler, gate, calibrate, step_s, *, max_draft, max_spine, topk_bins,
+                   boundary=None, head=None, rejection=False):
         full = state["full"]
         n = cache.length
         assert full[n] == root
@@ -120,7 +121,7 @@ def test_forced_random_trees_stay_lossless(eng, monkeypatch):
             levels.append(DraftLevel(tokens=toks, probs=sorted((rng.random() for _ in toks), reverse=True)))
         return levels
 
-    monkeypatch.setattr(swift_mod, "draft", fake_draft)
+    monkeypatch.setattr(layerskip_mod, "draft", fake_draft)
     for p in prompts:
         state["full"] = refs[p]
         for budget in (2, 5, 64):

@@ -55,7 +55,8 @@ def main() -> None:
     ids = torch.randint(0, eng.config.vocab_size, (n,), device="cuda")
     ar = torch.arange(n, device="cuda")
     m.forward(ids, ar, ar, cache)
-    cache.length = n
+    cache.reset()
+    cache.advance(n)
     pos = torch.tensor([n], device="cuda")
     tok = ids[-1:]
     L = eng.config.n_layers

@@ -100,9 +100,9 @@ def chunk_features(model, ids: list, max_tli: int) -> dict:
     captured, start = {}, 0
     h = model.embed[torch.tensor(ids, device=dev)]
     for n in range(max_tli, 0, -1):      # the residual entering layer L - n, then carry on from there
-        h = model._layers(h, start, L - n, pos, pos, cache, None, None)[0]
+        h = model.run_layers(h, start, L - n, pos, pos, cache, None, None)[0]
         captured[n], start = h.clone(), L - n
-    h, x, _ = model._layers(h, start, L, pos, pos, cache, None, None)
+    h, x, _ = model.run_layers(h, start, L, pos, pos, cache, None, None)
     kv = cache.data[:, :, :, :T].permute(3, 0, 1, 2, 4).reshape(T, L, -1)
     out = {"tokens": torch.tensor(ids, dtype=torch.int32), "kv": kv.to(torch.bfloat16).cpu(),
            "final": x.to(torch.bfloat16).cpu()}

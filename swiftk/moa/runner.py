@@ -27,6 +27,8 @@ class MoARunner:
         z = lambda: torch.zeros(max_slots, c.heads, hd, device=model.device)  # noqa: E731
         self.ca_k, self.ca_v, self.sa_k, self.sa_v = z(), z(), z(), z()
         self.n = 0   # verified positions ingested
+        self.step_s = None   # seconds of one drafter step (an EMA the MoA method keeps)
+        self.info: dict = {}
         self.max_slots = max_slots
 
     @property
@@ -70,8 +72,8 @@ class MoARunner:
             self.model.dtype)
 
 
-def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, step_s: float, *,
-              max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
+def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, calibrate,
+              step_s: float, *, max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
     """Like drafter.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
     N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
     them)."""
@@ -91,9 +93,10 @@ def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int,
             logits = model.logits_of(h, head)[0]
         level, conf = draft_level(logits, sampler, p + 1, topk_bins, kmax, rejection)
         levels.append(level)
-        surv *= gate.stats.calibrate(conf)
+        a = calibrate(conf)
+        surv *= a
         tokens += surv
-        if not gate.keep_drafting(j + 1, conf, surv, tokens, step_s):
+        if not gate.keep_drafting(j + 1, conf, a, surv, tokens, step_s):
             break
         cur = level.tokens[0]
     return levels

@@ -1,0 +1,147 @@
+"""The layer-skip draft (SWIFT, Self-SD, early exit): the target model itself run with some sublayers skipped,
+one token at a time, proposing a spine with candidate siblings (levels) instead of a free chain.
+
+With ``search`` the skip set is the learned state's incumbent and the on-the-fly search (optimizer.py) scores a
+candidate on the last ``context_window`` tokens whenever its time budget allows; otherwise the set is fixed
+(early exit, a static set). The draft runs only while the gate expects it to pay. Its calibration (draft
+probability -> acceptance chance) lives in the learned state.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from ..drafter import draft, matchness
+from ..skipset import SkipSet, to_layers
+from ..state import calibration_bin
+
+_EXPLORE = 4  # optimization steps at half the budget before a search that found no paying set is scaled back
+
+
+class LayerSkipDraft:
+    name = "draft"
+
+    def __init__(self, state, costs, skip=None, search: bool = True, head=None, kvq: bool = False):
+        """``skip``: a fixed bool [2L] skip set (no search), or None for the state's incumbent; ``head``: the
+        reduced-vocabulary draft head (vocab.DraftHead, reset to its base tokens) or None for the full LM head."""
+        self.state, self.costs = state, costs
+        self.fixed = None if skip is None else skip.cpu()
+        self.opt = state.optimizer if search and skip is None else None
+        self.head, self.head_seen = head, 0
+        self.kvq = kvq
+        self._set: Optional[SkipSet] = None
+
+    # ---- what the round asks
+    def skip(self, device) -> SkipSet:
+        mask = self.fixed if self.fixed is not None else self.state.optimizer.best
+        if self._set is None or self._set.mask is not mask and not mask.equal(self._set.mask):
+            kept = self.costs.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
+            self._set = SkipSet.of(mask, device, kept)
+        return self._set
+
+    @property
+    def boundary(self) -> Optional[int]:
+        return self._set.boundary if self.kvq and self._set is not None else None
+
+    def step_cost(self) -> float:
+        return self.costs.draft(self._set.kept if self._set is not None else 1.0)
+
+    def calibrate(self, p: float) -> float:
+        return self.state.calibration.prob(calibration_bin(p))
+
+    def observe(self, p: float, hit: bool) -> None:
+        self.state.calibration.observe(calibration_bin(p), hit)
+
+    def observe_cost(self, seconds_per_step: float) -> None:
+        self.costs.observe_draft(self._set.kept, seconds_per_step)
+
+    def optimize(self, s) -> str:
+        """One search step when its budget allows; returns the round's phase."""
+        opt, st = self.opt, self.state
+        if opt is None or opt.done:
+            return "accelerate"
+        W, t = st.cfg.context_window, time.perf_counter()
+        if len(s.tokens) - s.prompt_len < W + 1 or \
+                st.time_optimize_s + (self.costs.opt or self.costs.v(W)) > self._budget() * (st.time_decode_s + t - s.t_start):
+            return "context"
+        m, src, passes = self._search_step(s, s.tokens[-W - 1:-1])
+        s.stats.matchness_history.append((st.tokens_seen + len(s.tokens) - s.prompt_len, m, src))
+        dt = time.perf_counter() - t
+        st.time_optimize_s += dt
+        self.costs.observe_opt(dt / passes)
+        s.timer.add("optimize", t)
+        return "optimize"
+
+    def propose(self, s) -> list:
+        """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
+        sk = self.skip(s.model.device)
+        if not (self._may_pay(sk, s.gate) and s.gate.should_draft()):
+            return []
+        return draft(s.model, s.cache, s.tokens[-1], sk, s.sampler, s.gate, self.calibrate, self.step_cost(),
+                     max_draft=s.cfg.max_draft, max_spine=s.max_nodes - 1, topk_bins=s.bins,
+                     boundary=self.boundary, head=_logits_of(self._head(s)), rejection=s.rejection)
+
+    def finish(self, stats) -> None:
+        stats.skip_set = to_layers(self.fixed if self.fixed is not None else self.state.skip_set)
+        if self.fixed is None:
+            o = self.state.optimizer
+            stats.best_matchness, stats.optimization_done, stats.optimization_steps = o.best_matchness, o.done, o.steps
+            stats.longest_bo_stall_ms = o.longest_stall_s * 1e3
+            stats.bo_errors = list(o.bo_errors)
+
+    # ---- inside
+    def _head(self, s):
+        """The draft head (or None), its vocabulary topped up with the committed tokens."""
+        if self.head is not None:
+            self.head.add(s.tokens[self.head_seen:-1])
+            self.head_seen = len(s.tokens) - 1
+        return self.head
+
+    def _search_step(self, s, window: list) -> tuple:
+        """Score one candidate skip set on the window (and the incumbent, when a challenger is being re-scored).
+        Returns (matchness, source, passes run)."""
+        opt, dev, pending, head = self.opt, s.model.device, s.tokens[-1], self._head(s)
+        hb = None if self.head is None else self.head.weight_bytes
+
+        def score(m, mask):
+            return self.costs.expected_rate(m, self.costs.kept_fraction(mask, hb)) \
+                if self.state.cfg.objective == "speed" else m
+
+        def match(mask):
+            return matchness(s.model, s.cache, window, pending, mask.to(dev), head)
+
+        passes = 1
+        if opt.best_score < 0:
+            m0 = match(opt.best)
+            opt.score_initial(score(m0, opt.best), m0)
+            passes += 1
+        cand, src = opt.propose()
+        m = match(cand)
+        inc = None
+        if src == "rescore":
+            inc = score(match(opt.best), opt.best)
+            passes += 1
+        opt.report(cand, m, score(m, cand), src, incumbent_score=inc)
+        return m, src, passes
+
+    def _budget(self) -> float:
+        """Optimization's share of wall time. The search is an investment: its first candidates get half the
+        budget (on small models no skip set has paid yet), a set expected to beat plain decoding earns the full
+        budget, and once none has after those first candidates a fifth keeps looking (the text may change)."""
+        o, b = self.state.optimizer, self.state.cfg.opt_budget
+        if self.state.cfg.objective != "speed" or o.best_score >= 1.0:
+            return b
+        return b / 2 if o.steps < _EXPLORE else b / 5
+
+    def _may_pay(self, sk: SkipSet, gate) -> bool:
+        """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
+        drafting with it would give: below plain speed the loop does not draft with it (the matchness passes are
+        the cheaper probes). Fixed sets, a finished search and speculate="always" draft as the gate says."""
+        if self.opt is None or self.opt.done or not gate.auto:
+            return True
+        o = self.opt   # no measurement yet (a cold start's first window): plain steps and free drafts until one
+        return o.best_matchness is not None and self.costs.expected_rate(o.best_matchness, sk.kept) >= 1.0
+
+
+def _logits_of(head):
+    return None if head is None else head.logits_full
