@@ -196,11 +196,13 @@ def from_hf_config(c: dict, name: str = "") -> ModelConfig:
 # Two concerns, two dataclasses. OptimizerConfig shapes the learned state (the skip-set search), so it is fixed
 # when the state is made: ``swiftk.load(..., skip_ratio=0.3)`` or ``eng.reset_optimizer(skip_ratio=0.3)``.
 # DecodeConfig is per round and may change on every call: ``eng.generate(p, max_draft=8)``.
-# Every limit is written once, in the field's metadata, and checked by ``_validate``.
+# Every limit is written once, in the field's metadata, and checked by ``_validate``. Fields marked ``advanced``
+# are research knobs (the paper's rules, the search's internals): accepted like the others, documented apart
+# (docs/options.md), left out of the README's everyday tables.
 
-def _opt(default, kind, lo=None, hi=None, choices=None, lo_open=False, help=""):
+def _opt(default, kind, lo=None, hi=None, choices=None, lo_open=False, help="", advanced=False):
     return field(default=default, metadata={"kind": kind, "lo": lo, "hi": hi, "choices": choices,
-                                            "lo_open": lo_open, "help": help})
+                                            "lo_open": lo_open, "help": help, "advanced": advanced})
 
 
 def _validate(obj) -> None:
@@ -252,18 +254,18 @@ class OptimizerConfig:
 
     skip_ratio: float = _opt(0.45, float, 0.0, 0.95, lo_open=True,
                              help="objective=matchness: fraction of sublayers skipped (paper r); speed: the most")
-    context_window: int = _opt(32, int, 4, 120, help="generated tokens a candidate's matchness is measured on")
-    bayes_interval: int = _opt(25, int, 0, help="a Bayesian-optimization suggestion every this many steps (0: off)")
-    max_opt_steps: int = _opt(1000, int, 0, help="optimization steps at most")
-    patience: int = _opt(300, int, 1, help="stop after this many steps without a better incumbent")
-    max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this")
+    context_window: int = _opt(32, int, 4, 120, help="generated tokens a candidate's matchness is measured on", advanced=True)
+    bayes_interval: int = _opt(25, int, 0, help="a Bayesian-optimization suggestion every this many steps (0: off)", advanced=True)
+    max_opt_steps: int = _opt(1000, int, 0, help="optimization steps at most", advanced=True)
+    patience: int = _opt(300, int, 1, help="stop after this many steps without a better incumbent", advanced=True)
+    max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this", advanced=True)
     objective: str = _opt("speed", str, choices=("speed", "matchness"),
-                          help="speed: expected tokens/s from matchness and measured draft cost; matchness: paper")
-    rescore: int = _opt(3, int, 1, 16, help="windows a challenger is scored on before it replaces the incumbent")
+                          help="speed: expected tokens/s from matchness and measured draft cost; matchness: paper", advanced=True)
+    rescore: int = _opt(3, int, 1, 16, help="windows a challenger is scored on before it replaces the incumbent", advanced=True)
     opt_budget: float = _opt(0.05, float, 0.0, 1.0, help="optimization's largest share of decode wall time")
     bo_mode: str = _opt("thread", str, choices=("thread", "sync"),
-                        help="thread: GP suggestions off the decode loop; sync: inline (tests)")
-    opt_seed: int = _opt(0, int, 0, 2**63 - 1)
+                        help="thread: GP suggestions off the decode loop; sync: inline (tests)", advanced=True)
+    opt_seed: int = _opt(0, int, 0, 2**63 - 1, advanced=True)
 
     def validate(self) -> "OptimizerConfig":
         _validate(self)
@@ -279,10 +281,10 @@ class DecodeConfig:
     """Per-round knobs of the speculative loop (swift.py); any of them may be given per call."""
 
     max_draft: int = _opt(25, int, 1, 64, help="max draft depth per round")
-    eps: float = _opt(0.8, float, 0.0, 1.0, help="speculate='always': stop drafting below this top-1 probability")
+    eps: float = _opt(0.8, float, 0.0, 1.0, help="speculate='always': stop drafting below this top-1 probability", advanced=True)
     max_tree_nodes: int = _opt(0, int, 0, 64, help="verify budget; 0 = from the measured cost model")
-    topk_greedy: tuple = _opt(GREEDY_TOPK, "bins", help="candidates per depth for greedy decoding")
-    topk_sampling: tuple = _opt(SAMPLING_TOPK, "bins", help="... for sampling")
+    topk_greedy: tuple = _opt(GREEDY_TOPK, "bins", help="candidates per depth for greedy decoding", advanced=True)
+    topk_sampling: tuple = _opt(SAMPLING_TOPK, "bins", help="... for sampling", advanced=True)
     optimize: bool = _opt(True, bool, help="False: keep the current skip set")
     kvq: bool = _opt(False, bool, help="reuse the draft's exact KV/residual below the first skipped layer")
     speculate: str = _opt("auto", str, choices=("auto", "always"),
@@ -304,10 +306,11 @@ class DecodeConfig:
         return self
 
 
-def option_names(cls) -> set:
+def option_names(cls, advanced: Optional[bool] = None) -> set:
+    """Field names of a config class; ``advanced`` True / False: only the research knobs / only the others."""
     from dataclasses import fields as _fields
 
-    return {f.name for f in _fields(cls)}
+    return {f.name for f in _fields(cls) if advanced is None or f.metadata.get("advanced", False) == advanced}
 
 
 def updated(base, kw: dict):

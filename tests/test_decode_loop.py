@@ -256,7 +256,7 @@ def test_ngram_estimates_restart_with_each_prompt(eng, monkeypatch):
 
     monkeypatch.setattr(ContextNgrams, "__init__", init)
     calib = eng.state.calibration
-    eng.generate(PROMPT, max_new_tokens=32, speculate="always", optimize=False)
+    eng.generate(PROMPT, max_new_tokens=32, method="ngram", history=False, datastore=False, speculate="always")
     eng.generate("def f(x):", max_new_tokens=8, method="swift")
     prior = ContextNgrams.new_estimates().to_dict()
     assert len(made) == 2 and all(snap == prior for _, snap in made)

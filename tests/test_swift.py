@@ -171,7 +171,9 @@ def test_kv_cache_is_never_copied(eng):
     # the reduced-vocabulary draft head is a buffer of the engine, allocated once (like the weights) and filled
     # in place per call: build it first and allow its storage
     eng.generate("x = 1", max_new_tokens=4, speculate="always")
-    allowed.add(eng._draft_head[2]._w.untyped_storage().data_ptr())
+    from swiftk.config import DecodeConfig
+
+    allowed.add(eng.draft_head(DecodeConfig().draft_vocab)._w.untyped_storage().data_ptr())
     mode = _BigAllocations(cache.data.untyped_storage().nbytes() // 8, allowed)
     with mode:  # covers context, optimization (random + BO) and off-spine commits
         out = eng.generate("def quicksort(arr):", max_new_tokens=24, max_tree_nodes=12, speculate="always")
