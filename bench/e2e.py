@@ -153,7 +153,8 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True):
     import swiftk
     from swiftk.registry import resolve_model
 
-    eng = swiftk.load(model, device=device, dtype=dtype, persist=False)  # cold: no state from earlier runs
+    # cold: no state from earlier runs; trace: the per-round lists the tables and plots read
+    eng = swiftk.load(model, device=device, dtype=dtype, persist=False, trace=True)
     hf, why = None, None
     if need_hf:
         from bench.hf_baselines import load_hf

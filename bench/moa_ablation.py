@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         if a.n < 1 or a.max_new_tokens < 1:
             raise SwiftkError("--n and --max-new-tokens must be >= 1")
         threads = set_threads(0)
-        eng = swiftk.load(a.model, persist=False)
+        eng = swiftk.load(a.model, persist=False, trace=True)   # per-round lists: rounds, tokens emitted
         items = build_prompts(eng, ["humaneval"], a.n, 1)["humaneval"]
     except SwiftkError as e:
         print(f"bench.moa_ablation: error: {e}", file=sys.stderr)

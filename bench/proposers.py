@@ -1,5 +1,6 @@
 """User proposers through ``generate(proposers=[...])``: an oracle (the known greedy continuation) and random
-tokens, beside swiftk autoregressive and the default ``generate``, interleaved per prompt in one process.
+tokens, with the default sources and alone, beside swiftk autoregressive and the default ``generate``,
+interleaved per prompt in one process.
 
     python -m bench.proposers --model smollm2-135m --n 4 --max-new-tokens 128
 
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
     prompts = [p["turns"][0] for p in workloads.load("humaneval", a.n)]
     eng.generate(prompts[0], max_new_tokens=16, method="autoregressive")   # warm-up: kernels, caches
     eng.generate(prompts[0], max_new_tokens=16, state=eng.new_state())     # draft head, corpus tables
-    arms = ("autoregressive", "default", "oracle", "random")
+    # "alone": method="ngram" with the built-in free sources off, so the proposer is the only draft
+    arms = ("autoregressive", "default", "oracle", "random", "oracle-alone", "random-alone")
     rows = {m: {"tokens": 0, "time": 0.0, "M": [], "rates": []} for m in arms}
     for i, p in enumerate(prompts):
         ref = eng.generate(p, max_new_tokens=a.max_new_tokens, method="autoregressive")
@@ -65,9 +67,11 @@ def main(argv=None) -> int:
         order = arms if i % 2 == 0 else arms[::-1]   # interleaved: drift hits every arm alike
         for m in order:
             kw = {"method": "autoregressive"} if m == "autoregressive" else {"state": eng.new_state()}
-            if m == "oracle":
+            if m.endswith("alone"):
+                kw.update(method="ngram", ngram=False, history=False, datastore=False)
+            if m.startswith("oracle"):
                 kw["proposers"] = [Oracle(full)]
-            elif m == "random":
+            elif m.startswith("random"):
                 kw["proposers"] = [RandomTokens(eng.config.vocab_size, seed=i)]
             t = time.perf_counter()
             out = eng.generate(p, max_new_tokens=a.max_new_tokens, **kw)

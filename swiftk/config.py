@@ -296,6 +296,8 @@ class DecodeConfig:
                            "swiftk/datastore.py) to the tree where the context has nothing better")
     draft_vocab: int = _opt(8192, int, 0, help="draft logits over this many frequent tokens plus every token of "
                             "the context (vocab.DraftHead); 0: the full LM head")
+    trace: bool = _opt(False, bool, help="keep per-round lists in the stats (accept lengths, tree sizes, phases, "
+                       "expected vs measured rates, the search's matchness) for debugging and plots")
     sampling: str = _opt("coupled", str, choices=("coupled", "rejection"),
                          help="coupled: seeded output independent of the draft; rejection: tree speculative sampling")
 

@@ -21,9 +21,8 @@ _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree_size)
 # Observations (steps and verify passes) after which a verify estimate above the prior has moved halfway back to
-# it. A pessimistic estimate is self-sealing -- the gate stops choosing that size, so nothing corrects it (a
-# persisted 4-token verify measured while another job shared the CPU, 3.8 steps, once kept drafting off for
-# good); an optimistic one is corrected by the passes it invites.
+# it. A pessimistic estimate is self-sealing -- the gate stops choosing that size, so nothing corrects it; an
+# optimistic one is corrected by the passes it invites.
 _HALF_LIFE = 512
 
 
@@ -96,8 +95,7 @@ class CostModel:
 
     def ratio(self, T: int) -> float:
         """A verify pass over T tokens in decode steps: the nearest measured bucket scaled by the prior's shape,
-        never above a measured larger pass (noise once left v(2) at 1.41 steps beside v(4) at 1.18), never
-        below one step."""
+        never above a measured larger pass (noise), never below one step."""
         if T <= 1:
             return 1.0
         if not self._memo or self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not per step

@@ -1,12 +1,11 @@
 """Corpus n-gram drafting: guess the next tokens from what followed the same last tokens in a fixed corpus.
 
-Prompt lookup (ngram.py) has nothing to copy until the text repeats itself: for Qwen2.5-Coder-0.5B's greedy
-HumanEval answers a third of the positions have no earlier occurrence of even their last token. A corpus of the same
-kind of text often has: after ``for i in`` comes `` range``. The corpus here is the Python standard library's own
+Prompt lookup (ngram.py) has nothing to copy until the text repeats itself; a corpus of the same kind of text often
+has: after ``for i in`` comes `` range``. The corpus here is the Python standard library's own
 source, which every Python install ships, so the tables are reproducible from the interpreter alone (the idea of
 retrieval drafting, REST, He et al. 2024; here exact n-gram tables instead of a suffix array). The drafts are free
-(a table lookup), so on CPU, where verifying one extra token costs ~0.05 of a decode step, a first token right a
-fifth of the time already pays; the speed gate (costs.py) learns per table and confidence how often they are right
+(a table lookup), so a first token right a small share of the time already pays for its share of a verify pass;
+the speed gate (costs.py) learns per table and confidence how often they are right
 and drafts only where that pays. Verification is the target's, as for every draft: output stays lossless.
 
 Tables, one per n in 1..MAX_N: key = the n tokens packed in 21 bits each (vocabularies up to 2M tokens) ->

@@ -104,29 +104,30 @@ class DecodeStats:
     decoding_steps: int = 0            # target forward passes (prefill, plain steps, verify passes)
     rounds: int = 0                    # speculative rounds (verify passes of a tree with drafted nodes)
     plain_steps: int = 0               # rounds the speed gate decided to decode one token plainly
-    accept_lengths: list = field(default_factory=list)   # tokens emitted per verify pass (accepted + bonus)
-    mean_accepted_length: float = 0.0  # M
+    mean_accepted_length: float = 0.0  # M: tokens emitted per verify pass (accepted + bonus)
     acceptance_rate: float = 0.0       # alpha = accepted drafted tokens / drafted tokens
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    accepted_by_source: dict = field(default_factory=dict)  # draft / ngram -> accepted tokens
-    tree_sizes: list = field(default_factory=list)
+    accepted_by_source: dict = field(default_factory=dict)  # source name -> accepted tokens
     max_tree_nodes: int = 0
     time_optimize_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_other_s: float = 0.0
-    phases: list = field(default_factory=list)            # per round: context / optimize / accelerate / plain
     skip_set: Optional[dict] = None
     exit_layer: Optional[int] = None
-    matchness_history: list = field(default_factory=list)  # (generated tokens so far, matchness, source)
     best_matchness: Optional[float] = None
     optimization_done: Optional[bool] = None
     optimization_steps: Optional[int] = None
     longest_bo_stall_ms: float = 0.0
     bo_errors: list = field(default_factory=list)
-    expected_vs_measured: list = field(default_factory=list)  # per round: (expected tok/s, measured tok/s)
     costs: Optional[dict] = None       # the cost model the gate used (seconds)
+    # per-round lists, kept with the decode option trace=True
+    accept_lengths: list = field(default_factory=list)    # tokens emitted per verify pass
+    tree_sizes: list = field(default_factory=list)
+    phases: list = field(default_factory=list)            # per round: context / optimize / accelerate / plain
+    matchness_history: list = field(default_factory=list)  # (generated tokens so far, matchness, source)
+    expected_vs_measured: list = field(default_factory=list)  # per round: (expected tok/s, measured tok/s)
 
     def __getitem__(self, key):
         return getattr(self, key)
@@ -141,8 +142,8 @@ class DecodeStats:
         return asdict(self)
 
     def finish(self) -> "DecodeStats":
-        n = len(self.accept_lengths)
-        self.mean_accepted_length = sum(self.accept_lengths) / n if n else 0.0
+        n = self.rounds
+        self.mean_accepted_length = (self.accepted_tokens + n) / n if n else 0.0
         self.acceptance_rate = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
         return self
 

@@ -103,7 +103,7 @@ def _reader_class():
 
         The reader slices its ``data`` once per metadata value; on an ``np.memmap`` each slice pays
         memmap's subclass bookkeeping, which makes a 150k-token vocabulary take seconds. A plain view
-        of the same mapping reads the same bytes about 2.5x faster (and keeps the mapping alive).
+        of the same mapping reads the same bytes faster (and keeps the mapping alive).
         """
 
         @property

@@ -1,4 +1,4 @@
-"""The LLaMA-family runtime: weights, static KV cache and one forward pass, top to bottom.
+"""The LLaMA-family runtime: one forward pass, top to bottom (weight formats: weights.py; the cache: kvcache.py).
 
 ``Model.forward(token_ids, positions, slots, cache, attn_mask=None, skip=None, logits_idx=None)``
 
@@ -11,9 +11,8 @@
 * Logits are computed only for the rows in ``logits_idx`` (default: all), by ``head`` when given (a reduced-
   vocabulary draft head) else the full LM head.
 
-Partial passes (the KVQ cache) are thin wrappers over the same layer loop: :meth:`Model.forward_to` (residual
-entering a layer), :meth:`Model.forward_from` (start from such a residual) and ``forward(..., capture_layer=E)``.
-The KV cache is preallocated once and written by slot; nothing here copies it.
+Partial passes (the KVQ cache) wrap the same layer loop: :meth:`Model.forward_to`, :meth:`Model.forward_from`,
+``forward(..., capture_layer=E)``. The KV cache is written by slot; nothing here copies it.
 """
 from __future__ import annotations
 
@@ -29,7 +28,8 @@ from .ops import reference as reference_ops
 from .kvcache import KVCache
 from .skipset import SkipSet
 from .tree import TreeMask
-from .weights import KERNEL_MAX_ROWS, WEIGHT_FORMATS, QWeight, _TRANSPOSED, choose_cpu_linear_forms, linear, nbytes  # noqa: F401
+from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, QWeight, _TRANSPOSED, choose_cpu_linear_forms,  # noqa: F401
+                      fused_layer_table, linear, nbytes)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -315,31 +315,7 @@ class Model:
         if got is not None:
             return got
 
-        def w(t):
-            return (t.q, t.scale) if isinstance(t, QWeight) else (t, None)
-
-        def wtype(t):
-            return 2 if isinstance(t, QWeight) else 1 if t.dtype == torch.bfloat16 else 0
-
-        rows, types = [], []
-        for li, L in enumerate(self.layers):
-            row = [L.attn_norm.data_ptr()]
-            for t in (L.wqkv,):
-                q, s = w(t)
-                row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
-            row.append(0 if L.bqkv is None else L.bqkv.data_ptr())
-            q, s = w(L.wo)
-            row += [q.data_ptr(), 0 if s is None else s.data_ptr(), L.mlp_norm.data_ptr()]
-            for t in (L.w_gate_up, L.w_down):
-                q, s = w(t)
-                row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
-            row.append(cache.data[li].data_ptr())
-            rows.append(row)
-            types.append([wtype(t) for t in (L.wqkv, L.wo, L.w_gate_up, L.w_down)])
-        table = torch.tensor(rows, dtype=torch.int64)
-        if table.shape[1] != cpu_linear.layer_table_width():
-            raise SwiftkError("kernels/cpu_decode.cpp's layer table does not match swiftk/model.py")
-        got = (table, torch.tensor(types, dtype=torch.int32))
+        got = fused_layer_table(self.layers, cache)
         if len(self._fused_tables) >= 8:   # engines make a few caches; never grow without bound
             self._fused_tables.clear()
         self._fused_tables[key] = got

@@ -106,8 +106,8 @@ class OfflineSearch:
             wall += time.perf_counter() - t
             s = r.stats
             toks += s["new_tokens"]
-            acc_len += sum(s["accept_lengths"])
-            rounds += len(s["accept_lengths"])
+            acc_len += s["accepted_tokens"] + s["rounds"]   # tokens emitted by verify passes
+            rounds += s["rounds"]
             drafted += s["drafted_tokens"]
             accepted += s["accepted_tokens"]
         return {"x": [float(v) for v in x], "tokens_per_s": toks / wall if wall else 0.0,

@@ -50,7 +50,8 @@ class Session:
         st = self.stats
         st.decoding_steps += 1
         st.plain_steps += 1
-        st.phases.append("plain" if phase == "accelerate" else phase)
+        if self.cfg.trace:
+            st.phases.append("plain" if phase == "accelerate" else phase)
         self.done = self.sink.push(self.tokens[-1])
         self.costs.observe_step(self.timer.add("verify", t0) - t0)
 
@@ -61,17 +62,17 @@ class Session:
         new = tree.tokens[path].tolist()[1:] + [bonus]   # path[0] is the old root, already in the sequence
         self.tokens += new
         st, L = self.stats, len(new)
-        if len(st.expected_vs_measured) < 4096:
-            expect = (1.0 + sum(tree.value[1:])) / (t_draft + self.costs.v(tree.size))
-            st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t_verify, 1e-9), 3)))
         for i in path.tolist()[1:]:
             st.accepted_by_source[tree.source[i]] = st.accepted_by_source.get(tree.source[i], 0) + 1
-        st.accept_lengths.append(L)
         st.drafted_tokens += n_levels + sum(1 for x in tree.source if x not in (ROOT, DRAFT))   # spine + free
         st.accepted_tokens += L - 1
-        st.tree_sizes.append(tree.size)
-        st.phases.append(phase)
         st.rounds += 1
+        if self.cfg.trace:   # per-round lists: debugging and plots (they grow with the output)
+            expect = (1.0 + sum(tree.value[1:])) / (t_draft + self.costs.v(tree.size))
+            st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t_verify, 1e-9), 3)))
+            st.accept_lengths.append(L)
+            st.tree_sizes.append(tree.size)
+            st.phases.append(phase)
         st.decoding_steps += 1
         self.done = self.sink.extend(new)
 

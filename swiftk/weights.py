@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import SwiftkError
 from .ops import cpu_linear
 
 
@@ -104,3 +105,34 @@ def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
         out[T] = out[T + 1]
     _TRANSPOSED.update(out)
     return out
+
+
+def fused_layer_table(layers, cache) -> tuple:
+    """(addresses [n_layers, width] int64, weight types [n_layers, 4] int32): what kernels/cpu_decode.cpp reads
+    per layer (norms, matrices and their scales, bias, the layer's KV cache)."""
+
+    def w(t):
+        return (t.q, t.scale) if isinstance(t, QWeight) else (t, None)
+
+    def wtype(t):
+        return 2 if isinstance(t, QWeight) else 1 if t.dtype == torch.bfloat16 else 0
+
+    rows, types = [], []
+    for li, L in enumerate(layers):
+        row = [L.attn_norm.data_ptr()]
+        for t in (L.wqkv,):
+            q, s = w(t)
+            row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
+        row.append(0 if L.bqkv is None else L.bqkv.data_ptr())
+        q, s = w(L.wo)
+        row += [q.data_ptr(), 0 if s is None else s.data_ptr(), L.mlp_norm.data_ptr()]
+        for t in (L.w_gate_up, L.w_down):
+            q, s = w(t)
+            row += [q.data_ptr(), 0 if s is None else s.data_ptr()]
+        row.append(cache.data[li].data_ptr())
+        rows.append(row)
+        types.append([wtype(t) for t in (L.wqkv, L.wo, L.w_gate_up, L.w_down)])
+    table = torch.tensor(rows, dtype=torch.int64)
+    if table.shape[1] != cpu_linear.layer_table_width():
+        raise SwiftkError("kernels/cpu_decode.cpp's layer table does not match swiftk/weights.py")
+    return table, torch.tensor(types, dtype=torch.int32)

@@ -41,13 +41,18 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     ref = ar(eng)
     out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, history=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.drafted_tokens <= out.stats.rounds  # max_draft
-    out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS)
+    out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, trace=True, **ALWAYS)
     assert out.token_ids == ref and max(out.stats.tree_sizes) <= 3                 # max_tree_nodes
+    assert out.stats.tree_sizes and out.stats.accept_lengths and out.stats.phases  # trace
+    assert sum(out.stats.accept_lengths) / len(out.stats.accept_lengths) == pytest.approx(
+        out.stats.mean_accepted_length)
+    plain = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS).stats
+    assert plain.rounds and not (plain.tree_sizes or plain.accept_lengths or plain.phases)
     out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, speculate="always",
                        eps=1.0)
     assert out.token_ids == ref and out.stats.drafted_tokens == out.stats.rounds   # eps: stop after one step
     chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, max_draft=4,
-                          topk_greedy=((0.0, 1),), **ALWAYS)
+                          topk_greedy=((0.0, 1),), trace=True, **ALWAYS)
     assert all(t <= 5 for t in chains.stats.tree_sizes)                            # topk_greedy: chains only
     ng = eng.generate(PROMPT, max_new_tokens=40, method="ngram", speculate="always")
     assert ng.token_ids == ref and ng.stats.skip_set is None                        # method="ngram": no layer draft
@@ -98,7 +103,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
 def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
     bad = {"max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
            "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
-           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0}[field]
+           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0, "trace": "on"}[field]
     with pytest.raises(SwiftkError, match=field):
         eng.generate(PROMPT, max_new_tokens=4, **{field: bad})
 
@@ -140,7 +145,7 @@ class _Costs(CostModel):
 def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
     ref = ar(eng, n=64)
     eng.costs = _Costs(eng.model, verify=50.0, draft=5.0)
-    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False)
+    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True)
     assert out.token_ids == ref
     assert out.stats.plain_steps >= 0.8 * 64, (out.stats.plain_steps, out.stats.rounds)
     assert out.stats.drafted_tokens <= 12     # a few probes, spaced further apart each time they fail
@@ -150,7 +155,7 @@ def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
 def test_gate_drafts_when_drafting_is_free(eng):
     ref = ar(eng, n=64)
     eng.costs = _Costs(eng.model, verify=1.0, draft=0.01)
-    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False)
+    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True)
     assert out.token_ids == ref
     # every round drafts (the first one is the plain step that measures a step) and, verification being free,
     # keeps more than the chain: siblings cost nothing

@@ -55,7 +55,7 @@ def test_greedy_stream_identical_to_autoregressive(eng):
     phases = set()
     accepted = []
     for i, p in enumerate(prompts):
-        out = eng.generate(p, max_new_tokens=128, method="swift", speculate=("always", "auto")[i % 2])
+        out = eng.generate(p, max_new_tokens=128, method="swift", speculate=("always", "auto")[i % 2], trace=True)
         ref = _ar(eng, p, 128)
         assert out.token_ids == ref, p[:40]
         phases.update(out.stats["phases"])
@@ -176,7 +176,8 @@ def test_kv_cache_is_never_copied(eng):
     allowed.add(eng.draft_head(DecodeConfig().draft_vocab)._w.untyped_storage().data_ptr())
     mode = _BigAllocations(cache.data.untyped_storage().nbytes() // 8, allowed)
     with mode:  # covers context, optimization (random + BO) and off-spine commits
-        out = eng.generate("def quicksort(arr):", max_new_tokens=24, max_tree_nodes=12, speculate="always")
+        out = eng.generate("def quicksort(arr):", max_new_tokens=24, max_tree_nodes=12, speculate="always",
+                           trace=True)
     assert "optimize" in out.stats["phases"]
     assert cache.data.data_ptr() == ptr
     assert not mode.seen, mode.seen[:5]

@@ -28,7 +28,7 @@ def _engine():
     ck = Checkpoint(config=from_hf_config(cfg.to_dict()), tensors=dict(hf.state_dict()), tokenizer=_IdTokenizer(),
                     identity={"name": "tiny-qwen2"})
     return Engine(ck, max_context=64, context_window=4, bayes_interval=2, max_opt_steps=6, bo_mode="sync",
-                  max_tree_nodes=10, max_draft=4, eps=0.3, opt_budget=1.0, speculate="always")
+                  max_tree_nodes=10, max_draft=4, eps=0.3, opt_budget=1.0, speculate="always", trace=True)
 
 
 @pytest.fixture(autouse=True)

@@ -65,7 +65,8 @@ class LayerSkipDraft:
                 st.time_optimize_s + (self.costs.opt or self.costs.v(W)) > self._budget() * (st.time_decode_s + t - s.t_start):
             return "context"
         m, src, passes = self._search_step(s, s.tokens[-W - 1:-1])
-        s.stats.matchness_history.append((st.tokens_seen + len(s.tokens) - s.prompt_len, m, src))
+        if s.cfg.trace:
+            s.stats.matchness_history.append((st.tokens_seen + len(s.tokens) - s.prompt_len, m, src))
         dt = time.perf_counter() - t
         st.time_optimize_s += dt
         self.costs.observe_opt(dt / passes)
