@@ -87,7 +87,9 @@ def main(argv=None) -> int:
             print(f"prompt {i} {m:<14} {len(out.token_ids) / dt:7.1f} tok/s  M {out.stats.mean_accepted_length:.2f}",
                   flush=True)
     ar = rows["autoregressive"]["tokens"] / rows["autoregressive"]["time"]
-    cpu = _cpu()
+    from bench.e2e import cpu_model
+
+    cpu = cpu_model()
     lines = [f"# User proposers, {a.model}, float32 CPU ({cpu}, {torch.get_num_threads()} threads), "
              f"{a.n} HumanEval prompts x {a.max_new_tokens} tokens, {time.strftime('%Y-%m-%d')}", "",
              f"`python -m bench.proposers --model {a.model} --n {a.n} --max-new-tokens {a.max_new_tokens}`", "",
@@ -105,16 +107,6 @@ def main(argv=None) -> int:
     write_atomic(out, text.encode())
     print(f"wrote {out}")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 if __name__ == "__main__":

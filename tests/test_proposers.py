@@ -85,6 +85,12 @@ def test_proposers_keep_seeded_sampling_exact(eng):
     full = ref.prompt_ids + ref.token_ids
     out = eng.generate(PROMPT, method="swift", proposers=[Oracle(full), RandomTokens(eng.config.vocab_size)], **kw)
     assert out.token_ids == ref.token_ids and out.stats.accepted_by_source["Oracle"] > 0
+    # two sources of one name (or a built-in's) each keep their own estimates and counts
+    ngram = RandomTokens(eng.config.vocab_size)
+    ngram.name = "ngram"
+    out = eng.generate(PROMPT, proposers=[Oracle(full), Oracle(full), ngram], **kw)
+    assert out.token_ids == ref.token_ids
+    assert {"Oracle", "Oracle#2", "ngram#2"} <= set(out.stats.accepted_by_source)
 
 
 def test_bad_proposers_are_rejected_by_name_and_leave_the_engine_usable(eng):

@@ -25,5 +25,14 @@ FREE = {
 def free_sources(engine, state, cfg, user=()) -> list:
     """The free sources of one call, in tree order: the built-in ones its options switch on, then ``user``'s
     objects (UserProposer)."""
-    out = [make(engine, state) for opt, make in FREE.values() if getattr(cfg, opt)]
-    return [s for s in out if s is not None] + [UserProposer(p, engine.config.vocab_size) for p in user]
+    out = [s for s in (make(engine, state) for opt, make in FREE.values() if getattr(cfg, opt)) if s is not None]
+    taken = {"root", "draft", *FREE}
+    for p in user:   # each source's outcomes go back to it by name: names are made unique ("Name#2")
+        src = UserProposer(p, engine.config.vocab_size)
+        base, k = src.name, 1
+        while src.name in taken:
+            k += 1
+            src.name = f"{base}#{k}"
+        taken.add(src.name)
+        out.append(src)
+    return out

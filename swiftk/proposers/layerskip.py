@@ -61,8 +61,9 @@ class LayerSkipDraft:
         if opt is None or opt.done:
             return "accelerate"
         W, t = st.cfg.context_window, time.perf_counter()
+        cost = self.costs.opt or self.costs.v(W)   # of one search step: within budget of the time decoded so far
         if len(s.tokens) - s.prompt_len < W + 1 or \
-                st.time_optimize_s + (self.costs.opt or self.costs.v(W)) > self._budget() * (st.time_decode_s + t - s.t_start):
+                st.time_optimize_s + cost > self._budget() * (st.time_decode_s + t - s.t_start):
             return "context"
         m, src, passes = self._search_step(s, s.tokens[-W - 1:-1])
         if s.cfg.trace:

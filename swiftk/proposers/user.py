@@ -2,8 +2,9 @@
 continuation of ``tokens``, possibly empty), passed as ``eng.generate(prompt, proposers=[obj])``.
 
 It is priced and gated like the built-in free sources: its estimate (the chance a proposed token is accepted when
-its parent was, one figure for every depth, fresh each call) learns from what the target accepts, and once they fall below what a verify pass costs its proposals are verified only as rare
-probes. Output stays the target's: every proposed token is verified.
+its parent was, one figure for every depth, fresh each call) learns from what the target accepts, and once it
+falls below what a verify pass costs, its proposals are verified only as rare probes. Output stays the target's:
+every proposed token is verified.
 """
 from __future__ import annotations
 
