@@ -158,9 +158,10 @@ class CostModel:
                 "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes}
 
     def load_dict(self, d: dict) -> None:
-        step = d.get("step_s")
-        if step is not None and not (isinstance(step, (int, float)) and 0 < step < 60):
-            raise ValueError("implausible step time")
+        step, opt = d.get("step_s"), d.get("opt_step_s")
+        for name, v in (("step_s", step), ("opt_step_s", opt)):   # no pass takes under a microsecond
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 1e-6 < v < 60):
+                raise ValueError(f"implausible {name} {v!r}")
         self.step = step
         # seconds in the file (readable), ratios here; figures from another process count as two half-lives old
         # (one above the prior is a quarter believed: it may come from a run that shared the machine)
@@ -169,7 +170,7 @@ class CostModel:
         self._seen = {b: self._clock - 2 * _HALF_LIFE for b in self.verify}
         self._memo.clear()
         self.overhead = min(0.95, max(0.0, float(d.get("draft_overhead", self.overhead))))
-        self.opt = d.get("opt_step_s")
+        self.opt = opt
 
 
 class Gate:

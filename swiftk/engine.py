@@ -7,6 +7,7 @@ method's drafter and the free sources. Methods are objects (methods.py): no meth
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -21,7 +22,8 @@ from .config import DecodeConfig, OptimizerConfig, option_names, updated
 from .costs import CostModel, Gate
 from .decode import speculative_decode
 from .errors import SwiftkError
-from .generate import GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate
+from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
+                       stream_pieces)
 from .model import Model, resolve_device, resolve_dtype
 from .proposers import free_sources
 from .proposers.user import check_proposers
@@ -85,7 +87,7 @@ class Engine:
             self.model.enable_graphs()
         self.costs = CostModel(self.model)
         self._lock = threading.RLock()
-        self._busy = False   # a call is decoding (a callback calling back into the engine must not nest)
+        self._busy = False   # a call holds the KV cache (see _own)
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
@@ -217,6 +219,8 @@ class Engine:
             raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
         if not callable(callback) and callback is not None:
             raise SwiftkError("callback must be callable")
+        if not isinstance(chat, bool):
+            raise SwiftkError(f"chat must be True or False, got {chat!r}")
         if state is not None and not isinstance(state, LearnedState):
             raise SwiftkError(f"state must be a LearnedState (eng.new_state()), got {type(state).__name__}")
         if state is not None and state.n_layers != self.config.n_layers:
@@ -228,7 +232,7 @@ class Engine:
         ids = self.encode_prompt(prompt, chat)
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
 
-        with self._lock:
+        with self._own():
             if m.speculative:
                 m.prepare(self, cfg)   # what the method builds once (draft head, drafter), before the timed loop
                 if cfg.datastore:
@@ -236,6 +240,20 @@ class Engine:
                 state = state if state is not None else self._state_for(m.state_key(fixed))
             return self._generate(ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state,
                                   cfg, proposers, _cancel)
+
+    @contextlib.contextmanager
+    def _own(self):
+        """The engine for one call: other threads wait; a call from inside this call (a callback calling back
+        into the engine) would reset the KV cache under it, so it is refused."""
+        with self._lock:
+            if self._busy:
+                raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
+                                  "(use another engine, or collect the text and call after generate returns)")
+            self._busy = True
+            try:
+                yield
+            finally:
+                self._busy = False
 
     def _state_for(self, key) -> LearnedState:
         """The engine's learned state for a method (key None: SWIFT's, the one that persists); a few kept."""
@@ -329,29 +347,7 @@ class Engine:
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Iterator over text pieces (generation runs in a worker thread). Abandoning the iterator cancels the
         generation at its next token, so the engine is free again."""
-        import queue
-
-        q: queue.Queue = queue.Queue()
-        done, box, cancel = object(), {}, threading.Event()
-
-        def run():
-            try:
-                box["result"] = self.generate(prompt, callback=q.put, _cancel=cancel, **kw)
-            except BaseException as e:  # surfaced in the consumer
-                box["error"] = e
-            finally:
-                q.put(done)
-
-        th = threading.Thread(target=run, daemon=True, name="swiftk-stream")
-        th.start()
-        try:
-            while (item := q.get()) is not done:
-                yield item
-        finally:
-            cancel.set()
-            th.join()
-        if "error" in box:
-            raise box["error"]
+        return stream_pieces(self.generate, prompt, **kw)
 
     @torch.inference_mode()
     def logits(self, token_ids) -> torch.Tensor:
@@ -359,11 +355,14 @@ class Engine:
         ids = list(token_ids)
         if not ids:
             raise SwiftkError("token_ids is empty")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise SwiftkError(f"token id {bad[0]!r} is not an int in [0, {self.config.vocab_size})")
         if len(ids) > self.max_context:
             raise SwiftkError(f"{len(ids)} tokens exceed the context ({self.max_context})")
         dev = self.device
         T = len(ids)
-        with self._lock:
+        with self._own():
             self.cache.reset()
             return self.model.forward(torch.tensor(ids, device=dev), torch.arange(T, device=dev),
                                       torch.arange(T, device=dev), self.cache)

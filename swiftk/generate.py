@@ -279,3 +279,31 @@ def check_lengths(prompt_len: int, max_new_tokens, limit: int, model_ctx: int) -
 
 def rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else math.inf
+
+
+def stream_pieces(generate, prompt, **kw):
+    """``generate(prompt, callback=..., _cancel=..., **kw)`` in a worker thread, its text pieces yielded as they
+    come; closing the iterator cancels the generation at its next token."""
+    import queue
+
+    q: queue.Queue = queue.Queue()
+    done, box, cancel = object(), {}, threading.Event()
+
+    def run():
+        try:
+            box["result"] = generate(prompt, callback=q.put, _cancel=cancel, **kw)
+        except BaseException as e:  # surfaced in the consumer
+            box["error"] = e
+        finally:
+            q.put(done)
+
+    th = threading.Thread(target=run, daemon=True, name="swiftk-stream")
+    th.start()
+    try:
+        while (item := q.get()) is not done:
+            yield item
+    finally:
+        cancel.set()
+        th.join()
+    if "error" in box:
+        raise box["error"]

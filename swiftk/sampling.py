@@ -27,10 +27,16 @@ def _is_real(x) -> bool:
         return False
 
 
+MIN_TEMPERATURE = 1e-4
+
+
 def validate_temperature(temperature: float) -> None:
     # inf would divide every logit to 0 (a uniform draw); nan would poison the probabilities.
     if not _is_real(temperature) or temperature < 0:
         raise SwiftkError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    # logits / t must stay finite in float32: below MIN_TEMPERATURE use 0 (greedy, the limit it tends to)
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise SwiftkError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {temperature!r}")
 
 
 def validate_top_p(top_p: float) -> None:

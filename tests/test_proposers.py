@@ -193,3 +193,39 @@ def test_the_skip_set_search_and_layer_drafts_run_with_a_reduced_draft_head(eng,
     out = eng.generate(PROMPT, max_new_tokens=48, draft_vocab=8, speculate="always", ngram=False)
     assert out.token_ids == ref and out.stats.optimization_steps > 0 and out.stats.drafted_tokens > 0
     assert heads and all(h is not None and hasattr(h, "logits_full") for h in heads)
+
+
+def test_calls_from_inside_a_callback_and_out_of_range_inputs_are_refused(eng, tiny_dir, tmp_path, monkeypatch):
+    """A callback calling back into its own engine would reset the KV cache under the outer call; a temperature
+    whose logits / t overflows, a chat flag that is a string, token ids out of the vocabulary, persisted timings
+    no pass can take: each is a clear SwiftkError (or a state file ignored with a warning), never wrong output."""
+    ref = eng.generate(PROMPT, max_new_tokens=24, method="autoregressive").token_ids
+    errors = []
+
+    def nested(piece):
+        for call in (lambda: eng.logits([3, 4]), lambda: eng.generate("w1", max_new_tokens=2)):
+            try:
+                call()
+            except SwiftkError as e:
+                errors.append(str(e))
+
+    out = eng.generate(PROMPT, max_new_tokens=24, callback=nested)
+    assert out.token_ids == ref and errors and all("callback" in e for e in errors)
+    assert eng.generate(PROMPT, max_new_tokens=24).token_ids == ref          # and the engine is fine after
+    with pytest.raises(SwiftkError, match="temperature"):
+        eng.generate(PROMPT, max_new_tokens=4, temperature=1e-40)
+    with pytest.raises(SwiftkError, match="chat"):
+        eng.generate(PROMPT, max_new_tokens=4, chat="false")
+    for bad in ([-1], [eng.config.vocab_size], [True]):
+        with pytest.raises(SwiftkError, match="token id"):
+            eng.logits(bad)
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    e1 = swiftk.load(str(tiny_dir), persist=True)
+    for key, value in (("step_s", 1e-300), ("opt_step_s", float("nan"))):
+        e1.generate(PROMPT, max_new_tokens=8)   # a good file, then one damaged value
+        d = json.loads(e1.state_path().read_text())
+        d["costs"][key] = value
+        e1.state_path().write_text(json.dumps(d))
+        with pytest.warns(UserWarning, match=key):
+            e2 = swiftk.load(str(tiny_dir), persist=True)
+        assert e2.costs.step is None and e2.state.tokens_seen == 0
