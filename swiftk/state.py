@@ -90,9 +90,9 @@ class LearnedState:
     def source_estimates(self, name: str, make: Callable[[], Estimates]) -> Estimates:
         """The carried estimates of free source ``name`` (made by ``make`` at first use, or after a saved table of
         another shape)."""
-        est = self.estimates.get(name)
-        if est is None or len(est) != len(fresh := make()):
-            est = self.estimates[name] = make() if est is None else fresh
+        est, fresh = self.estimates.get(name), make()
+        if est is None or len(est) != len(fresh):
+            est = self.estimates[name] = fresh
         return est
 
     # ---- persistence

@@ -39,10 +39,7 @@ class UserProposer(FreeSource):
             raise SwiftkError(f"proposer {self.name!r} raised {type(e).__name__}: {e}") from e
         if out is None:
             return None
-        try:   # ints, numpy ints, a tensor's items; not floats, bools or strings
-            toks = [operator.index(t) for t in out[:ctx.k] if not isinstance(t, bool) or _bad()]
-        except TypeError:
-            toks = None
+        toks = _token_ids(out, ctx.k)
         if toks is None or any(not 0 <= t < self.vocab_size for t in toks):
             raise SwiftkError(f"proposer {self.name!r} must return a list of token ids in [0, {self.vocab_size}), "
                               f"got {str(out)[:80]}")
@@ -51,8 +48,22 @@ class UserProposer(FreeSource):
         return self.chain(toks, 0, ctx)
 
 
-def _bad():
-    raise TypeError("a bool is not a token id")
+def _token_ids(out, k: int) -> Optional[list]:
+    """The first k items of ``out`` as ints (ints, numpy ints, 0-d tensors), or None if any is not one (floats,
+    bools and strings are not token ids)."""
+    try:
+        items = list(out[:k])
+    except TypeError:
+        return None
+    ids = []
+    for t in items:
+        if isinstance(t, bool):
+            return None
+        try:
+            ids.append(operator.index(t))
+        except TypeError:
+            return None
+    return ids
 
 
 def check_proposers(proposers, method, rejection: bool) -> list:
