@@ -26,7 +26,7 @@ _MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree
 _HALF_LIFE = 512
 
 
-def _ema(old: Optional[float], new: float) -> float:
+def ema(old: Optional[float], new: float) -> float:
     if old is None:
         return new
     new = min(new, 3.0 * old)  # one OS hiccup must not swing the model
@@ -56,7 +56,7 @@ class CostModel:
 
     # ---- observations
     def observe_step(self, dt: float) -> None:
-        self.step = _ema(self.step, dt)
+        self.step = ema(self.step, dt)
         self._clock += 1
 
     def observe_verify(self, T: int, dt: float) -> None:
@@ -69,7 +69,7 @@ class CostModel:
         old = self.verify.get(b)
         if old is None:  # a first observation is clipped too (to 3x the estimate so far): one hiccup must not stick
             r = min(r, 3.0 * self.ratio(b))
-        self.verify[b] = _ema(old, r)
+        self.verify[b] = ema(old, r)
         self._seen[b] = self._clock
         self._clock += 1
         self._memo.clear()
@@ -83,7 +83,7 @@ class CostModel:
             self.overhead += _EMA * (o - self.overhead)
 
     def observe_opt(self, dt: float) -> None:
-        self.opt = _ema(self.opt, dt)
+        self.opt = ema(self.opt, dt)
 
     # ---- estimates (seconds)
     def _prior_v(self, T: float) -> float:
@@ -201,7 +201,7 @@ class Gate:
         """After a round that drafted: its measured rate in plain-step units (1.0 = as fast as plain)."""
         m = self.memory
         was_probe = m.draft_rate is not None and m.draft_rate <= 1.0
-        m.draft_rate = _ema(m.draft_rate, rate) if m.draft_rate is not None else rate
+        m.draft_rate = ema(m.draft_rate, rate) if m.draft_rate is not None else rate
         m.since_draft = 0
         if was_probe:
             m.probe_gap = 4 if m.draft_rate > 1.0 else min(128, m.probe_gap * 2)

@@ -20,7 +20,6 @@ class Method:
     speculative = True     # False: plain decoding, reads and writes no learned state, takes no proposers
     defaults: dict = {}    # decode options whose default this method changes
     takes_skip_set = False
-    summary = ""
 
     def fixed_skip(self, n_layers: int, identity: dict, exit_layer, skip_set, optimize: bool):
         """The draft's skip set when this call fixes it, else None; a SwiftkError for arguments it does not take."""
@@ -49,14 +48,13 @@ class Method:
 
 
 class Autoregressive(Method):
+    """Plain decoding, one target pass per token (the reference)."""
     name, speculative = "autoregressive", False
-    summary = "plain decoding, one target pass per token (the reference)"
 
 
 class LayerSkip(Method):
     """SWIFT: the layer-skip draft with the learned, searched skip set (or a given one), plus the free sources."""
     name, takes_skip_set = "swift", True
-    summary = "free drafts + layer-skip draft with the skip set searched while decoding"
 
     def state_key(self, fixed):
         return None if fixed is None else super().state_key(fixed)
@@ -70,8 +68,8 @@ class LayerSkip(Method):
 
 
 class Static(LayerSkip):
+    """Free drafts + layer-skip draft with a fixed skip_set (Self-SD, `swiftk optimize`)."""
     name = "static"
-    summary = "free drafts + layer-skip draft with a fixed skip_set (Self-SD, `swiftk optimize`)"
 
     def fixed_skip(self, n_layers, identity, exit_layer, skip_set, optimize):
         if skip_set is None and exit_layer is None:
@@ -80,9 +78,9 @@ class Static(LayerSkip):
 
 
 class EarlyExit(LayerSkip):
+    """Free drafts + draft from layers 0..exit_layer-1, then the LM head (LayerSkip, KVQ cache)."""
     name = "early_exit"
     defaults = {"kvq": True}   # the exit boundary sits mid-model: reusing the layers below it pays (bench.kvq)
-    summary = "free drafts + draft from layers 0..exit_layer-1, then the LM head (LayerSkip, KVQ cache)"
 
     def fixed_skip(self, n_layers, identity, exit_layer, skip_set, optimize):
         if exit_layer is None:
@@ -93,8 +91,8 @@ class EarlyExit(LayerSkip):
 
 
 class FreeOnly(Method):
+    """Free drafts only: context n-grams, session history, corpus (no model drafter)."""
     name = "ngram"
-    summary = "free drafts only: context n-grams, session history, corpus (no model drafter)"
 
 
 _METHODS: dict = {}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..costs import ema
 from ..errors import SwiftkError
 from ..methods import Method
-from ..state import calibration_bin
+from ..proposers.layerskip import ModelDrafter
 from .runner import MoARunner, moa_draft
 
 
@@ -44,8 +45,8 @@ def load_drafter(engine, path=None) -> MoARunner:
 
 
 class MoA(Method):
+    """Free drafts + a small trained drafter on the target's KV cache (experimental)."""
     name = "moa"
-    summary = "free drafts + a small trained drafter on the target's KV cache (experimental)"
 
     def prepare(self, engine, cfg) -> None:
         if engine.resource("drafter") is None:
@@ -56,42 +57,25 @@ class MoA(Method):
         return MoADraft(engine.resource("drafter"), state, engine.draft_head(cfg.draft_vocab), engine.costs)
 
 
-class MoADraft:
-    """The MoA drafter behind the model-drafter protocol the round uses (see proposers/layerskip.py)."""
-
-    name, boundary = "draft", None
+class MoADraft(ModelDrafter):
+    """The MoA drafter behind the model-drafter protocol the round uses."""
 
     def __init__(self, runner: MoARunner, state, head, costs):
-        self.runner, self.state, self.head, self.head_seen, self.costs = runner, state, head, 0, costs
+        super().__init__(state, head)
+        self.runner, self.costs = runner, costs
         runner.reset()
-
-    def optimize(self, s) -> str:
-        return "accelerate"
-
-    def calibrate(self, p: float) -> float:
-        return self.state.calibration.prob(calibration_bin(p))
-
-    def observe(self, p: float, hit: bool) -> None:
-        self.state.calibration.observe(calibration_bin(p), hit)
 
     def step_cost(self) -> float:
         """Seconds of one drafter step (prior: a fifth of a decode step, the share its LM head reads)."""
         return self.runner.step_s if self.runner.step_s is not None else 0.2 * (self.costs.step or 1.0)
 
     def observe_cost(self, seconds_per_step: float) -> None:
-        old = self.runner.step_s   # an EMA, kept with the drafter (engine lifetime)
-        self.runner.step_s = seconds_per_step if old is None else old + 0.2 * (min(seconds_per_step, 3 * old) - old)
+        self.runner.step_s = ema(self.runner.step_s, seconds_per_step)   # kept with the drafter (engine lifetime)
 
     def propose(self, s) -> list:
         if not s.gate.should_draft():
             return []
-        head = None
-        if self.head is not None:
-            self.head.add(s.tokens[self.head_seen:-1])
-            self.head_seen, head = len(s.tokens) - 1, self.head.logits_full
+        head = self._head(s)
         return moa_draft(s.model, s.cache, self.runner, s.tokens[:-1], s.tokens[-1], s.sampler, s.gate,
-                           self.calibrate, self.step_cost(), max_draft=s.cfg.max_draft, max_spine=s.max_nodes - 1,
-                           topk_bins=s.bins, head=head, rejection=s.rejection)
-
-    def finish(self, stats) -> None:
-        stats.skip_set = None
+                         self.calibrate, self.step_cost(), max_draft=s.cfg.max_draft, max_spine=s.max_nodes - 1,
+                         topk_bins=s.bins, head=None if head is None else head.logits_full, rejection=s.rejection)

@@ -10,22 +10,25 @@ from .corpus import CorpusNgrams
 from .history import SessionHistory
 from .user import UserProposer  # noqa: F401
 
-# name -> (its DecodeConfig switch, how one call makes it from the engine and the learned state; None: nothing
-# to propose this call)
+# name -> (its DecodeConfig switch, its class, how one call makes it: (engine, state, estimates) -> source, or None
+# when it has nothing to propose this call). Estimates come from the learned state when the class carries them.
 FREE = {
-    "ngram": ("ngram", lambda eng, state: ContextNgrams()),
-    "history": ("history", lambda eng, state: SessionHistory(
-        state.history, state.source_estimates("history", SessionHistory.new_estimates)) if len(state.history)
-        else None),
-    "datastore": ("datastore", lambda eng, state: CorpusNgrams(
-        eng.corpus(), state.source_estimates("datastore", CorpusNgrams.new_estimates))),
+    "ngram": ("ngram", ContextNgrams, lambda eng, state, est: ContextNgrams(est)),
+    "history": ("history", SessionHistory,
+                lambda eng, state, est: SessionHistory(state.history, est) if len(state.history) else None),
+    "datastore": ("datastore", CorpusNgrams, lambda eng, state, est: CorpusNgrams(eng.corpus(), est)),
 }
 
 
 def free_sources(engine, state, cfg, user=()) -> list:
     """The free sources of one call, in tree order: the built-in ones its options switch on, then ``user``'s
     objects (UserProposer)."""
-    out = [s for s in (make(engine, state) for opt, make in FREE.values() if getattr(cfg, opt)) if s is not None]
+    out = []
+    for name, (opt, cls, make) in FREE.items():
+        if getattr(cfg, opt):
+            src = make(engine, state, state.source_estimates(name, cls.new_estimates) if cls.carries else None)
+            if src is not None:
+                out.append(src)
     taken = {"root", "draft", *FREE}
     for p in user:   # each source's outcomes go back to it by name: names are made unique ("Name#2")
         src = UserProposer(p, engine.config.vocab_size)

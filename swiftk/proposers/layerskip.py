@@ -18,16 +18,44 @@ from ..state import calibration_bin
 _EXPLORE = 4  # optimization steps at half the budget before a search that found no paying set is scaled back
 
 
-class LayerSkipDraft:
-    name = "draft"
+class ModelDrafter:
+    """What every model drafter shares: the calibration of its draft probabilities (kept in the learned state)
+    and the draft head, topped up with the committed tokens. Subclasses implement ``propose``, ``step_cost``,
+    ``observe_cost``, and where they have them ``optimize`` (a search step) and ``finish`` (stats)."""
 
+    name, boundary = "draft", None
+
+    def __init__(self, state, head):
+        self.state, self.head, self.head_seen = state, head, 0
+
+    def optimize(self, s) -> str:
+        return "accelerate"
+
+    def calibrate(self, p: float) -> float:
+        return self.state.calibration.prob(calibration_bin(p))
+
+    def observe(self, p: float, hit: bool) -> None:
+        self.state.calibration.observe(calibration_bin(p), hit)
+
+    def finish(self, stats) -> None:
+        stats.skip_set = None
+
+    def _head(self, s):
+        """The draft head (or None), its vocabulary topped up with the committed tokens."""
+        if self.head is not None:
+            self.head.add(s.tokens[self.head_seen:-1])
+            self.head_seen = len(s.tokens) - 1
+        return self.head
+
+
+class LayerSkipDraft(ModelDrafter):
     def __init__(self, state, costs, skip=None, search: bool = True, head=None, kvq: bool = False):
         """``skip``: a fixed bool [2L] skip set (no search), or None for the state's incumbent; ``head``: the
         reduced-vocabulary draft head (vocab.DraftHead, reset to its base tokens) or None for the full LM head."""
-        self.state, self.costs = state, costs
+        super().__init__(state, head)
+        self.costs = costs
         self.fixed = None if skip is None else skip.cpu()
         self.opt = state.optimizer if search and skip is None else None
-        self.head, self.head_seen = head, 0
         self.kvq = kvq
         self._set: Optional[SkipSet] = None
 
@@ -45,12 +73,6 @@ class LayerSkipDraft:
 
     def step_cost(self) -> float:
         return self.costs.draft(self._set.kept if self._set is not None else 1.0)
-
-    def calibrate(self, p: float) -> float:
-        return self.state.calibration.prob(calibration_bin(p))
-
-    def observe(self, p: float, hit: bool) -> None:
-        self.state.calibration.observe(calibration_bin(p), hit)
 
     def observe_cost(self, seconds_per_step: float) -> None:
         self.costs.observe_draft(self._set.kept, seconds_per_step)
@@ -92,13 +114,6 @@ class LayerSkipDraft:
             stats.bo_errors = list(o.bo_errors)
 
     # ---- inside
-    def _head(self, s):
-        """The draft head (or None), its vocabulary topped up with the committed tokens."""
-        if self.head is not None:
-            self.head.add(s.tokens[self.head_seen:-1])
-            self.head_seen = len(s.tokens) - 1
-        return self.head
-
     def _search_step(self, s, window: list) -> tuple:
         """Score one candidate skip set on the window (and the incumbent, when a challenger is being re-scored).
         Returns (matchness, source, passes run)."""
