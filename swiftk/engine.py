@@ -25,7 +25,7 @@ from .errors import SwiftkError
 from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
                        stream_pieces)
 from .model import Model, resolve_device, resolve_dtype
-from .proposers import free_sources
+from .proposers import FREE, free_sources
 from .proposers.user import check_proposers
 from .session import Session
 from .state import LearnedState, load_persisted, state_file
@@ -289,7 +289,7 @@ class Engine:
                 rejection = not sp.greedy and cfg.sampling == "rejection"
                 sources = [] if rejection else free_sources(self, state, cfg, proposers)
                 s = Session(self.model, self.cache, self.costs, Gate(self.costs, state.gate, cfg), sampler, sink,
-                            cfg, ids, ("ngram", "history", "datastore", *(x.name for x in sources)))
+                            cfg, ids, (*FREE, *(x.name for x in sources)))
                 stats = speculative_decode(s, m.drafter(self, state, cfg, fixed), sources)
         finally:
             if bar is not None:
