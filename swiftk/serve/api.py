@@ -1,0 +1,153 @@
+"""The OpenAI request bodies swiftk accepts, and the responses and errors it answers, as plain data.
+
+Every field of OpenAI's completions and chat-completions requests is either applied or refused with HTTP 400
+naming it (``n=2``, penalties, logprobs, tools...); unknown fields are refused too (``extra="forbid"``), so a
+client never gets an answer that silently ignored what it asked for.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+        self.type = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
+                     503: "service_unavailable"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = False
+
+
+class _Common(_Strict):
+    model: StrictStr
+    max_tokens: Optional[StrictInt] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[StrictInt] = None          # extension, as in vLLM and llama.cpp's server
+    seed: Optional[StrictInt] = None
+    stop: Union[StrictStr, List[StrictStr], None] = None
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    # accepted only at their no-op values (see UNSUPPORTED)
+    n: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict] = None
+    user: Optional[str] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[StrictStr, List[StrictStr], List[StrictInt], List[List[StrictInt]]]
+    echo: Optional[bool] = None
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Union[StrictStr, List[TextPart]]
+
+
+class ChatRequest(_Common):
+    messages: List[Message]
+    max_completion_tokens: Optional[StrictInt] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list] = None
+    tool_choice: Optional[Union[str, dict]] = None
+    response_format: Optional[dict] = None
+
+
+# field -> the values that mean "not asked for"; anything else is refused by name
+UNSUPPORTED = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "logit_bias": (None, {}), "user": (None,), "echo": (None, False), "logprobs": (None, False),
+               "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "tools": (None, []),
+               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+
+
+def parse(model: type, raw) -> _Common:
+    """The request body as ``model``, or APIError(400) naming the first bad or unsupported field."""
+    if not isinstance(raw, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        req = model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
+        what = "unknown field (not in OpenAI's API or not supported by swiftk)" if err["type"] == "extra_forbidden" \
+            else err["msg"]
+        raise APIError(400, f"{loc}: {what}", param=loc) from None
+    for name, ok in UNSUPPORTED.items():
+        value = getattr(req, name, None)
+        if value not in ok:
+            raise APIError(400, f"{name}={value!r} is not supported by swiftk", param=name, code="unsupported")
+    return req
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def stats(result, queue_s: float) -> dict:
+    """swiftk's own numbers for one response (the ``swiftk`` extension field)."""
+    s = result.stats
+    return {"method": s.method, "tokens_per_s": round(s.tokens_per_s, 3) if s.new_tokens else 0.0,
+            "mean_accepted_length": round(s.mean_accepted_length, 3),
+            "acceptance_rate": round(s.acceptance_rate, 4), "decoding_steps": s.decoding_steps,
+            "accepted_by_source": dict(s.accepted_by_source), "wall_time_s": round(s.wall_time_s, 4),
+            "queue_time_s": round(queue_s, 4)}
+
+
+def response(chat: bool, rid: str, model: str, result, queue_s: float) -> dict:
+    """A whole (non-streamed) response."""
+    choice = {"index": 0, "finish_reason": FINISH[result.finish_reason], "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": result.text}
+    else:
+        choice["text"] = result.text
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage(len(result.prompt_ids), len(result.token_ids)),
+            "swiftk": stats(result, queue_s)}
+
+
+def chunk(chat: bool, rid: str, model: str, text: Optional[str] = None, finish: Optional[str] = None,
+          role: bool = False, extra: Optional[dict] = None, choices: bool = True) -> dict:
+    """One server-sent event of a stream, in OpenAI's chunk format."""
+    if chat:
+        delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice] if choices else [], **(extra or {})}

@@ -1,0 +1,359 @@
+"""The HTTP server: routes, one decode at a time on the engine, streaming, cancellation and shutdown.
+
+The engine decodes on one worker thread, first come first served, with at most ``queue_size`` requests waiting
+(more get HTTP 429 with Retry-After). The event loop only parses, validates and tokenizes, so a bad request is
+answered at once even while the engine is busy. A client that goes away sets its job's cancel event: decoding
+stops at the next committed token and the engine serves the next request.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .. import methods
+from ..errors import SwiftkError
+from ..generate import SamplingParams, check_lengths
+from . import api
+from .api import APIError
+
+log = logging.getLogger("swiftk.serve")
+HISTORY_SCOPES = ("server", "key")
+MAX_BODY = 8 << 20          # bytes; a request is a prompt, not an upload
+MAX_STOP = 4                # OpenAI's limit on stop sequences
+_DONE = object()
+
+
+class Cancelled(Exception):
+    """The job was cancelled before or while decoding (client gone, or the server shutting down)."""
+
+
+@dataclass
+class Job:
+    ids: list
+    max_new: int
+    sampling: dict
+    stop: list
+    state: object = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0
+
+
+class Scheduler:
+    """Jobs on one worker thread, in arrival order; at most ``queue_size`` of them waiting."""
+
+    def __init__(self, queue_size: int):
+        self.queue_size = queue_size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="swiftk-serve")
+        self._lock = threading.Lock()
+        self._pending = 0         # queued + running
+        self._live: set = set()   # cancel events of the queued and running jobs
+        self._job_s = 1.0         # moving mean of a job's duration, for Retry-After
+        self.closing = False
+        self.served = self.cancelled = 0
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self._pending - 1)
+
+    def submit(self, fn, job: Job):
+        with self._lock:
+            if self.closing:
+                raise APIError(503, "the server is shutting down")
+            if self._pending > self.queue_size:   # one running, queue_size waiting
+                retry = max(1, math.ceil(self._job_s * self._pending))
+                raise APIError(429, f"the engine is busy and {self._pending - 1} requests are waiting (queue size "
+                               f"{self.queue_size}); retry in {retry} s", code="queue_full",
+                               headers={"Retry-After": str(retry)})
+            self._pending += 1
+            self._live.add(job.cancel)
+
+        def run():
+            t0 = time.perf_counter()
+            job.queue_s = t0 - job.t_submit
+            try:
+                if job.cancel.is_set():
+                    raise Cancelled
+                return fn()
+            finally:
+                with self._lock:
+                    self._live.discard(job.cancel)
+                    self._pending -= 1
+                    self.served += 1
+                    self.cancelled += job.cancel.is_set()
+                    self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - t0)
+
+        return self._pool.submit(run)
+
+    def close(self) -> None:
+        """Refuse new jobs; the queued ones end unrun and the running one at its next token."""
+        with self._lock:
+            self.closing = True
+            for ev in self._live:
+                ev.set()
+        self._pool.shutdown(wait=False)
+
+
+class Server:
+    """One engine behind OpenAI's completions and chat-completions endpoints.
+
+    ``history_scope``: "server" shares the engine's learned state (and the session history it drafts from)
+    across all requests; "key" keeps one learned state per API key, so no client's output drafts (and speeds up)
+    another key's responses. ``options``: decode options applied to every request (config.DecodeConfig).
+    """
+
+    def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
+                 queue_size: int = 16, method: str = "swift", options: Optional[dict] = None):
+        if history_scope not in HISTORY_SCOPES:
+            raise SwiftkError(f"history_scope must be one of {HISTORY_SCOPES}, got {history_scope!r}")
+        if history_scope == "key" and not api_keys:
+            raise SwiftkError("history_scope='key' needs at least one API key (--api-key)")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
+            raise SwiftkError(f"queue_size must be an int >= 0, got {queue_size!r}")
+        if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
+            raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
+        methods.get(method)
+        self.engine, self.model_name, self.method = engine, model_name, method
+        self.api_keys = list(api_keys)
+        self.options = dict(options or {})
+        self.states = {k: engine.new_state() for k in api_keys} if history_scope == "key" else {}
+        self.scheduler = Scheduler(queue_size)
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ app
+    def app(self) -> FastAPI:
+        app = FastAPI(title="swiftk", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request, exc):   # unknown route, wrong method: OpenAI's error shape too
+            return error(APIError(exc.status_code, str(exc.detail)))
+
+        @app.get("/health")
+        async def health():
+            q = self.scheduler
+            return {"status": "closing" if q.closing else "ok", "model": self.model_name, "waiting": q.waiting,
+                    "served": q.served, "cancelled": q.cancelled}
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            return await guard(request, lambda key: {"object": "list", "data": [self._model_card()]})
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(request: Request, model_id: str):
+            def card(key):
+                if model_id != self.model_name:
+                    raise APIError(404, f"model {model_id!r} is not served here", code="model_not_found")
+                return self._model_card()
+            return await guard(request, card)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await self._handle(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            return await self._handle(request, chat=True)
+
+        async def guard(request, fn):
+            try:
+                return JSONResponse(fn(self._authorize(request)))
+            except APIError as e:
+                return error(e)
+
+        def error(e: APIError):
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+        self._error = error
+        return app
+
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "swiftk"}
+
+    # ------------------------------------------------------------------ requests
+    async def _handle(self, request, chat: bool):
+        try:
+            key = self._authorize(request)
+            req = api.parse(api.ChatRequest if chat else api.CompletionRequest, await _read_json(request))
+            job = self._job(req, chat, key)
+            rid = api.new_id("chatcmpl" if chat else "cmpl")
+            if req.stream:
+                loop, q = asyncio.get_running_loop(), asyncio.Queue()
+
+                def put(item):
+                    try:
+                        loop.call_soon_threadsafe(q.put_nowait, item)
+                    except RuntimeError:   # the loop is closed: the server is gone
+                        pass
+
+                fut = self.scheduler.submit(lambda: self._decode(job, put), job)
+                fut.add_done_callback(lambda f: put(_DONE))
+                usage = bool(req.stream_options and req.stream_options.include_usage)
+                return StreamingResponse(self._events(job, rid, chat, fut, q, usage), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            fut = asyncio.wrap_future(self.scheduler.submit(lambda: self._decode(job), job))
+            while not fut.done():
+                await asyncio.wait({fut}, timeout=0.2)
+                if not fut.done() and await request.is_disconnected():
+                    job.cancel.set()   # the client is gone: free the engine at the next token
+            return JSONResponse(api.response(chat, rid, self.model_name, _finished(fut.result()), job.queue_s))
+        except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
+            return self._error(_as_api_error(e))
+
+    async def _events(self, job: Job, rid: str, chat: bool, fut, q: asyncio.Queue, include_usage: bool):
+        name = self.model_name
+        try:
+            if chat:
+                yield _sse(api.chunk(True, rid, name, role=True))
+            while (item := await q.get()) is not _DONE:
+                yield _sse(api.chunk(chat, rid, name, text=item))
+            try:
+                result = _finished(fut.result())
+            except Exception as e:  # noqa: BLE001 - the status line is sent: report it as an event
+                yield _sse(_as_api_error(e).body())
+                yield "data: [DONE]\n\n"
+                return
+            use = api.usage(len(result.prompt_ids), len(result.token_ids))
+            yield _sse(api.chunk(chat, rid, name, text=None if chat else "", finish=api.FINISH[result.finish_reason],
+                                 extra={"usage": use, "swiftk": api.stats(result, job.queue_s)}))
+            if include_usage:
+                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": use}))
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
+
+    def _authorize(self, request) -> Optional[str]:
+        if not self.api_keys:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        for k in self.api_keys:
+            if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), k.encode()):
+                return k
+        raise APIError(401, "a valid API key is required (header Authorization: Bearer KEY)", code="invalid_api_key")
+
+    def _job(self, req, chat: bool, key: Optional[str]) -> Job:
+        """Everything checked before the request queues, so a bad one never waits for the engine."""
+        if req.model != self.model_name:
+            raise APIError(400, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        ids = self._prompt_ids(req, chat)
+        room = self.engine.max_context - len(ids)
+        limit = getattr(req, "max_completion_tokens", None)
+        param = "max_completion_tokens" if limit is not None else "max_tokens"
+        limit = limit if limit is not None else req.max_tokens
+        if limit is None:   # OpenAI's defaults: 16 for completions, the rest of the context for chat
+            limit = 16 if not chat else room
+        if limit < 1:
+            raise APIError(400, f"{param} must be >= 1, got {limit}", param=param)
+        try:
+            check_lengths(len(ids), limit, self.engine.max_context, self.engine.config.max_position)
+        except SwiftkError as e:
+            raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
+        t = 1.0 if req.temperature is None else req.temperature
+        if not 0.0 <= t <= 2.0:
+            raise APIError(400, f"temperature must be in [0, 2], got {t}", param="temperature")
+        sampling = dict(temperature=t, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
+                        seed=req.seed)
+        try:
+            SamplingParams(**sampling).validate()
+        except SwiftkError as e:
+            raise APIError(400, str(e)) from None
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > MAX_STOP:
+            raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
+        return Job(ids, limit, sampling, stop, self.states.get(key))
+
+    def _prompt_ids(self, req, chat: bool) -> list:
+        eng = self.engine
+        try:
+            if chat:
+                msgs = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                         else "".join(p.text for p in m.content)} for m in req.messages]
+                if not msgs:
+                    raise APIError(400, "messages is empty", param="messages")
+                return eng.encode_prompt(msgs, chat=True)
+            p = req.prompt
+            if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+                if len(p) != 1:
+                    raise APIError(400, f"{len(p)} prompts in one request: swiftk serves one prompt per request",
+                                   param="prompt")
+                p = p[0]
+            return eng.encode_prompt(p)
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a template may raise anything on odd message orders
+            raise APIError(400, f"{'messages' if chat else 'prompt'}: {e}",
+                           param="messages" if chat else "prompt") from None
+
+    def _decode(self, job: Job, callback=None):
+        return self.engine.generate(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
+                                    callback=callback, state=job.state, _cancel=job.cancel, **job.sampling,
+                                    **self.options)
+
+
+def _finished(result):
+    if result.finish_reason == "cancelled":
+        raise Cancelled
+    return result
+
+
+def _as_api_error(e: Exception) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, Cancelled):
+        return APIError(503, "the request was cancelled: the server is shutting down", code="cancelled")
+    if isinstance(e, SwiftkError):
+        return APIError(400, str(e))
+    log.exception("swiftk serve: request failed", exc_info=e)
+    return APIError(500, f"internal error ({type(e).__name__}); the server keeps serving")
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def _read_json(request):
+    """The body as JSON, read up to MAX_BODY bytes (a larger body is refused before it is buffered)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY:
+        raise APIError(413, f"request body over {MAX_BODY >> 20} MiB")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY:
+            raise APIError(413, f"request body over {MAX_BODY >> 20} MiB")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise APIError(400, f"the request body is not valid JSON ({e})") from None
+
+
+def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          **server_options) -> None:
+    """Serve until SIGINT/SIGTERM: then stop accepting, cancel the queued and running requests and exit."""
+    import uvicorn
+
+    srv = Server(engine, model_name, **server_options)
+
+    class _Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            srv.scheduler.close()   # in-flight decodes end at their next token, so the graceful wait is short
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(srv.app(), host=host, port=port, log_level=log_level, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    try:
+        _Uvicorn(config).run()
+    finally:
+        srv.scheduler.close()

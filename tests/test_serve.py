@@ -1,0 +1,312 @@
+"""`swiftk serve` on loopback, driven by OpenAI's own Python client: outputs equal in-process decoding, streaming,
+concurrency, every kind of bad request, abandoned streams, the queue bound, API keys and history scopes,
+shutdown on SIGTERM."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import swiftk  # noqa: E402
+
+NAME = "smollm2"
+PROMPT = "def fibonacci(n):"
+MSGS = [{"role": "user", "content": "Name three colours."}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Live:
+    """A `swiftk serve` subprocess; ready once /health answers."""
+
+    def __init__(self, model, *args):
+        self.port = _free_port()
+        env = {**os.environ, "SWIFTK_PERSIST": "0"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "swiftk.cli", "serve", "--model", str(model),
+                                      "--served-model-name", NAME, "--port", str(self.port),
+                                      "--log-level", "warning", *args],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 180   # a hang guard, not a speed bound
+        while True:
+            assert self.proc.poll() is None, self.proc.communicate()[1][-3000:]
+            try:
+                self.health()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.3)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+            return json.loads(r.read())
+
+    def client(self, key="unused"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def post(self, path, body: bytes, headers=None):
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json",
+                                                                          **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read()), r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read()), e.headers
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def ref(smollm2_path):
+    eng = swiftk.load(str(smollm2_path), persist=False)
+    return {"text": eng.generate(PROMPT, max_new_tokens=24, method="autoregressive").text,
+            "chat": eng.generate(MSGS, max_new_tokens=20, chat=True, method="autoregressive").text,
+            "max_context": eng.max_context}
+
+
+@pytest.fixture(scope="module")
+def live(smollm2_path):
+    srv = Live(smollm2_path)
+    yield srv
+    _, err = srv.stop()
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_completion_equals_in_process_greedy(live, ref):
+    c = live.client()
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref["text"]
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens == 24 or r.choices[0].finish_reason == "stop"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    ext = r.model_extra["swiftk"]
+    assert ext["method"] == "swift" and ext["tokens_per_s"] > 0 and ext["mean_accepted_length"] >= 1
+    # the same prompt as token ids, and as a one-element list
+    ids = c.completions.create(model=NAME, prompt=[PROMPT], max_tokens=24, temperature=0)
+    assert ids.choices[0].text == ref["text"]
+    assert [m.id for m in c.models.list().data] == [NAME]
+
+
+def test_chat_completion_applies_the_template(live, ref):
+    r = live.client().chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == ref["chat"]
+    assert r.choices[0].message.role == "assistant"
+
+
+def test_streaming_chunks_add_up(live, ref):
+    c = live.client()
+    chunks = list(c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == ref["text"]
+    assert sum(1 for ch in chunks if ch.choices and ch.choices[0].text) > 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    chat = list(c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0, stream=True))
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat) == ref["chat"]
+    assert chat[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_two_concurrent_clients(live, ref):
+    out, errors = {}, []
+
+    def run(i):
+        try:
+            c = live.client()
+            if i % 2:
+                out[i] = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20,
+                                                   temperature=0).choices[0].message.content
+            else:
+                out[i] = "".join(ch.choices[0].text for ch in c.completions.create(
+                    model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, stream=True) if ch.choices)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert out == {0: ref["text"], 1: ref["chat"], 2: ref["text"], 3: ref["chat"]}
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(model="no-such-model"), "model"),
+    (dict(max_tokens=-1), "max_tokens"),
+    (dict(max_tokens=10**9), "max_tokens"),
+    (dict(temperature=5.0), "temperature"),
+    (dict(temperature=1e-7), None),
+    (dict(top_p=0.0), None),
+    (dict(n=2), "n"),
+    (dict(extra_body={"frequency_penalty": 0.5}), "frequency_penalty"),
+    (dict(extra_body={"bogus": 1}), "bogus"),
+    (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+])
+def test_bad_completion_requests_get_400(live, kw, param):
+    args = {"model": NAME, "prompt": PROMPT, "max_tokens": 4, **kw}
+    with pytest.raises(openai.BadRequestError) as e:
+        live.client().completions.create(**args)
+    err = e.value.body
+    assert err["message"] and err["type"] == "invalid_request_error"
+    if param:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "robot", "content": "hi"}],
+    [{"role": "user"}],
+    [{"role": "user", "content": 3}],
+    [],
+])
+def test_malformed_messages_get_400(live, messages):
+    with pytest.raises(openai.BadRequestError):
+        live.client().chat.completions.create(model=NAME, messages=messages, max_tokens=4)
+
+
+def test_prompt_past_the_context_and_raw_garbage_get_400(live, ref):
+    long = " ".join(["word"] * (ref["max_context"] + 10))
+    with pytest.raises(openai.BadRequestError) as e:
+        live.client().completions.create(model=NAME, prompt=long, max_tokens=4)
+    assert e.value.body["code"] == "context_length_exceeded"
+    for body in (b"{not json", b"[1, 2]", b'{"model": "smollm2", "prompt": [99999999], "max_tokens": 2}',
+                 b'{"model": "smollm2", "prompt": "x", "max_tokens": true}',
+                 b'{"model": "smollm2", "prompt": "x", "temperature": NaN}'):
+        status, js, _ = live.post("/v1/completions", body)
+        assert status == 400 and js["error"]["message"], (body, js)
+    try:   # refused from its Content-Length, before it is read: the client may see the reset first
+        status, js, _ = live.post("/v1/completions", b"x" * (9 << 20))
+        assert status == 413 and "error" in js
+    except urllib.error.URLError as e:
+        assert isinstance(e.reason, ConnectionResetError), e
+    # still serving, and serving correctly
+    r = live.client().completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref["text"]
+
+
+def test_abandoned_stream_is_cancelled_and_the_next_request_served(live, ref):
+    before = live.health()["cancelled"]
+    stream = live.client().completions.create(model=NAME, prompt="Once upon a time", max_tokens=400,
+                                              temperature=0, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    deadline = time.monotonic() + 120   # a hang guard: the decode must end long before its 400 tokens
+    while live.health()["cancelled"] == before:
+        assert time.monotonic() < deadline, "abandoned stream never cancelled"
+        time.sleep(0.2)
+    r = live.client().completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref["text"]
+
+
+def test_abandoned_plain_request_is_cancelled(live, ref):
+    before = live.health()["cancelled"]
+    body = json.dumps({"model": NAME, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", live.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(1.0)   # let it start decoding, then hang up without reading
+    deadline = time.monotonic() + 120   # a hang guard
+    while live.health()["cancelled"] == before:
+        assert time.monotonic() < deadline, "abandoned request never cancelled"
+        time.sleep(0.2)
+    r = live.client().completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref["text"]
+
+
+@pytest.fixture(scope="module")
+def guarded(smollm2_path):
+    srv = Live(smollm2_path, "--api-key", "k1", "--api-key", "k2", "--history-scope", "key", "--queue-size", "0")
+    yield srv
+    _, err = srv.stop()
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_api_keys_are_required(guarded):
+    for key in ("unused", "k3", "k1k1"):
+        with pytest.raises(openai.AuthenticationError):
+            guarded.client(key).completions.create(model=NAME, prompt=PROMPT, max_tokens=2)
+    body = json.dumps({"model": NAME, "prompt": PROMPT, "max_tokens": 2}).encode()
+    for headers in ({}, {"Authorization": "k1"}, {"Authorization": "Basic k1"}):
+        status, js, _ = guarded.post("/v1/completions", body, headers)
+        assert status == 401 and js["error"]["code"] == "invalid_api_key"
+    assert guarded.client("k1").models.list().data[0].id == NAME
+    assert guarded.health()["status"] == "ok"   # the health probe needs no key
+
+
+def test_history_scope_key_keeps_clients_apart(guarded):
+    """The same prompt twice under k1 drafts from k1's first output; under k2 the history is empty."""
+    def hist(key):
+        r = guarded.client(key).completions.create(model=NAME, prompt="The history of Rome", max_tokens=48,
+                                                   temperature=0)
+        return r.choices[0].text, r.model_extra["swiftk"]["accepted_by_source"].get("history", 0)
+
+    first, h1 = hist("k1")
+    again, h2 = hist("k1")
+    other, h3 = hist("k2")
+    assert first == again == other   # lossless whatever drafts
+    assert h1 == 0 and h3 == 0 and h2 > 0
+
+
+def test_full_queue_gets_429_with_retry_after(guarded):
+    stream = guarded.client("k1").completions.create(model=NAME, prompt="Once upon a time", max_tokens=300,
+                                                      temperature=0, stream=True)
+    next(iter(stream))   # the engine is busy with it now; queue size 0
+    status, js, headers = guarded.post("/v1/completions", json.dumps(
+        {"model": NAME, "prompt": PROMPT, "max_tokens": 2}).encode(), {"Authorization": "Bearer k2"})
+    stream.close()
+    assert status == 429 and js["error"]["type"] == "rate_limit_error"
+    assert int(headers["Retry-After"]) >= 1
+
+
+def test_sigterm_cancels_in_flight_and_exits(smollm2_path):
+    srv = Live(smollm2_path)
+    got = []
+
+    def read():
+        try:
+            for ch in srv.client().completions.create(model=NAME, prompt="Once upon a time", max_tokens=2000,
+                                                      temperature=0, stream=True):
+                got.append(ch)
+        except Exception as e:  # noqa: BLE001 - the stream ends with the server's error event
+            got.append(e)
+
+    th = threading.Thread(target=read)
+    th.start()
+    while not got:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(60)   # the issue asks for <= 10 s; the bound here only guards against a hang on a slow CI
+    took = time.monotonic() - t0
+    th.join(30)
+    assert not th.is_alive()
+    _, err = srv.proc.communicate()
+    assert "Traceback" not in err, err[-3000:]
+    assert len(got) < 2000
+    print(f"SIGTERM to exit: {took:.2f} s")
