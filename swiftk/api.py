@@ -6,7 +6,7 @@ import threading
 from .engine import Engine
 from .errors import SwiftkError
 from .registry import DEFAULT_MODEL, resolve_model
-from .model import resolve_device, resolve_dtype
+from .model import check_device_dtype, resolve_device, resolve_dtype
 
 _engines: dict = {}
 _lock = threading.Lock()
@@ -26,6 +26,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
 
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
+    check_device_dtype(dev, dt)
     path = resolve_model(model)
     ckpt = load_checkpoint(path, dtype=dt)
     if model in _registry_names():

@@ -104,6 +104,12 @@ def main(argv=None) -> int:
     except SwiftkError as e:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("swiftk: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:   # `swiftk generate ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 141
 
 
 def _parse_kv(items) -> dict:
@@ -142,7 +148,12 @@ def _generate(a) -> int:
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     if a.drafter and a.method != "moa":
         raise SwiftkError("--drafter is an option of --method moa")
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, drafter=a.drafter, **opt_kw)
+    if a.skip_set and a.method not in ("swift", "static"):
+        raise SwiftkError(f"--skip-set is an option of --method swift or static, not {a.method}")
+    # a run from a given skip set is a one-off: it must not become the saved state later runs start from
+    persist = False if a.skip_set else None
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, drafter=a.drafter,
+                      persist=persist, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set

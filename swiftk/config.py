@@ -169,6 +169,11 @@ def from_hf_config(c: dict, name: str = "") -> ModelConfig:
     theta = c.get("rope_theta")
     if theta is None:
         theta = rp.get("rope_theta", 10000.0)
+    max_position = count("max_position_embeddings", 2048)
+    # Sliding-window attention equals full attention on sequences no longer than the window: cap the context
+    # there rather than attend past it (Qwen2 configs carry a window that is off unless use_sliding_window).
+    if c.get("sliding_window") is not None and (arch != "qwen2" or flag("use_sliding_window", False)):
+        max_position = min(max_position, count("sliding_window"))
     eps = c.get("rms_norm_eps", 1e-6)
     if not _is_real(eps) or eps < 0:
         raise SwiftkError(f"config.json rms_norm_eps must be a finite number >= 0, got {eps!r}")
@@ -184,7 +189,7 @@ def from_hf_config(c: dict, name: str = "") -> ModelConfig:
         head_dim=count("head_dim", hidden // n_heads),
         rms_eps=float(eps),
         rope_theta=positive_float(theta, "config.json rope_theta"),
-        max_position=count("max_position_embeddings", 2048),
+        max_position=max_position,
         tie_embeddings=flag("tie_word_embeddings", False),
         qkv_bias=flag("attention_bias", arch == "qwen2"),
         rope_scaling=scaling,

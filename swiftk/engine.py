@@ -11,7 +11,6 @@ import contextlib
 import os
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -21,10 +20,10 @@ from . import methods, skipset
 from .config import DecodeConfig, OptimizerConfig, option_names, updated
 from .costs import CostModel, Gate
 from .decode import speculative_decode
-from .errors import SwiftkError
+from .errors import SwiftkError, warn
 from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
                        stream_pieces)
-from .model import Model, resolve_device, resolve_dtype
+from .model import Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
 from .proposers.user import check_proposers
 from .session import Session
@@ -58,6 +57,7 @@ class Engine:
         device, unless SWIFTK_CUDA_GRAPHS=0), True (CUDA only) or False."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
+        check_device_dtype(self.device, self.dtype)
         self.config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.identity = dict(checkpoint.identity)
@@ -67,6 +67,9 @@ class Engine:
         ctx = self.config.max_position
         if max_context is None:
             max_context = min(ctx, 4096)
+        if ctx < 2:
+            raise SwiftkError(f"the model's context length is {ctx} tokens (config or GGUF context_length); "
+                              f"decoding needs at least 2")
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
             raise SwiftkError(f"max_context must be an int >= 2, got {max_context!r}")
         if max_context > ctx:
@@ -164,7 +167,7 @@ class Engine:
         except (OSError, SwiftkError) as e:
             if not getattr(self, "_warned_save", False):
                 self._warned_save = True
-                warnings.warn(f"swiftk: cannot save the decoding state ({e}); continuing without", stacklevel=3)
+                warn(f"swiftk: cannot save the decoding state ({e}); continuing without")
 
     # ------------------------------------------------------------------ generation
     def encode_prompt(self, prompt, chat: bool = False) -> list:

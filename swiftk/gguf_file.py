@@ -190,7 +190,24 @@ def read_gguf(path) -> GGUFFile:
         # The reader types F32/F16/int tensors; the dequantizer wants raw bytes, one row of blocks per row.
         raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
         tensors.append(GGUFTensor(rt.name, rt.tensor_type, dims, n_bytes, raw.reshape(rows, n_bytes // max(rows, 1))))
+    _check_layout(reader.tensors, int(meta.get("general.alignment") or 32), size, path)
     return GGUFFile(meta, tensors)
+
+
+def _check_layout(tensors, align: int, size: int, path: Path) -> None:
+    """Tensor data lies back to back, each start aligned. An overlap, or a gap of a whole alignment or more, means
+    a damaged offset, type or shape in the index: the bytes would be read as another tensor or format."""
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name) for t in tensors)
+    for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise SwiftkError(f"GGUF {path.name}: tensors {n0} and {n1} overlap ({e0 - s1} bytes); the tensor index "
+                              f"is damaged")
+        if s1 - e0 >= align:
+            raise SwiftkError(f"GGUF {path.name}: {s1 - e0} unused bytes after tensor {n0}: its type or shape does "
+                              f"not match its data; the tensor index is damaged")
+    if spans and size - spans[-1][1] >= align:
+        raise SwiftkError(f"GGUF {path.name}: {size - spans[-1][1]} unused bytes after the last tensor "
+                          f"{spans[-1][2]}: its type or shape does not match its data")
 
 
 def _gguf_config(meta: dict, tensors_by_name: dict, path: Path) -> ModelConfig:

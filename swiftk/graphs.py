@@ -20,6 +20,8 @@ Anything else (prefill, a KVQ exit, partial passes, a cache too small for the pa
 """
 from __future__ import annotations
 
+from .errors import warn
+
 from collections import Counter, OrderedDict
 from typing import Optional
 
@@ -121,11 +123,10 @@ class GraphRunner:
             try:
                 g.capture(self._pool)
             except Exception as e:  # a kernel that cannot be captured: stay eager, say why once
-                import warnings
 
                 self.stats["capture_failed"] = f"{type(e).__name__}: {e}"
-                warnings.warn(f"swiftk: CUDA graph capture failed, decoding eagerly ({self.stats['capture_failed']})",
-                              RuntimeWarning, stacklevel=3)
+                warn(f"swiftk: CUDA graph capture failed, decoding eagerly ({self.stats['capture_failed']})",
+                     RuntimeWarning)
                 return None
             self.stats["captured"] += 1
             self._graphs[key] = g

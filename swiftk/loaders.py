@@ -6,7 +6,6 @@ HF's rotate-half order), on CPU, in the requested dtype, checked against the con
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import torch
 
 from .config import ModelConfig, from_hf_config
 from .errors import SwiftkError
+from .files import read_json, regular_file
 from .tokenizer import Tokenizer
 
 from .gguf_file import (_BLK, GGUFFile, GGUFTensor, _check_shape, _dequantize, _gguf_config, _hf_to_gguf_name,  # noqa: F401
@@ -42,6 +42,7 @@ def load_checkpoint(path, dtype: torch.dtype = torch.float32) -> Checkpoint:
         if len(ggufs) == 1:
             return _load_gguf(ggufs[0], dtype)
         raise SwiftkError(f"{p} is not a Hugging Face model directory (no config.json) and holds no single .gguf file")
+    regular_file(p, "model file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -100,6 +101,21 @@ def check_layer_count(n_layers: int, names, layer_re: re.Pattern, field: str, wh
                           f"{n_layers}..{top - 1}, which would be left unused: {shown}")
 
 
+def _check_finite(name: str, t: torch.Tensor, where: str) -> None:
+    """NaN or infinite weights decode garbage without any error downstream; one pass per tensor (~0.1 s for a
+    135M model)."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise SwiftkError(f"{where}: tensor {name} holds {bad} NaN or infinite value(s); the file is damaged")
+
+
+def _check_tokenizer(tok: Tokenizer, cfg: ModelConfig, where: str) -> None:
+    # Token ids past the embedding would index out of it at the first prompt that uses them.
+    if tok.vocab_size > cfg.vocab_size:
+        raise SwiftkError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the embedding only "
+                          f"{cfg.vocab_size} rows; tokenizer and weights are from different models")
+
+
 # ---------------------------------------------------------------------------------------------
 # GGUF
 # ---------------------------------------------------------------------------------------------
@@ -124,6 +140,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
     for hf in want:
         g = _hf_to_gguf_name(hf)
         w = _dequantize(by_name[g], dtype)
+        _check_finite(g, w, f"GGUF {path.name}")
         if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
             w = _unpermute(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
         tensors[hf] = w
@@ -131,6 +148,9 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
     except KeyError as e:
         raise SwiftkError(f"GGUF {path.name}: tokenizer metadata lacks {e}") from e
+    except SwiftkError as e:
+        raise SwiftkError(f"GGUF {path.name}: {e}") from None
+    _check_tokenizer(tok, cfg, f"GGUF {path.name}")
     ident = {
         "name": cfg.name,
         "path": str(path.resolve()),
@@ -161,16 +181,17 @@ def _fingerprint(files) -> str:
 def _safetensors_files(d: Path) -> list:
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise SwiftkError(f"{index} is not a valid safetensors index: {e}") from e
+        wm = read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) and v and Path(v).name == v
+                                                         for v in wm.values()):
+            raise SwiftkError(f"{index}: weight_map must map tensor names to shard file names in the same folder")
         files = sorted({d / f for f in wm.values()})
         for f in files:
-            if not f.is_file():
+            if not f.exists():
                 raise SwiftkError(f"{index} names a missing shard {f.name}")
+            regular_file(f, "safetensors shard")
         return files
-    files = sorted(d.glob("*.safetensors"))
+    files = [regular_file(f, "safetensors file") for f in sorted(d.glob("*.safetensors"))]
     if not files:
         raise SwiftkError(f"{d} has no *.safetensors weights (pickled .bin checkpoints are not loaded)")
     return files
@@ -193,12 +214,7 @@ def _safetensors_keys(f: Path) -> list:
 def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
     from safetensors import safe_open
 
-    try:
-        raw = json.loads((d / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SwiftkError(f"{d / 'config.json'} is not valid JSON: {e}") from e
-    if not isinstance(raw, dict):
-        raise SwiftkError(f"{d / 'config.json'} must hold a JSON object, got {type(raw).__name__}")
+    raw = read_json(d / "config.json", "config.json")
     name = raw.get("_name_or_path") or raw.get("_model_name_or_path")
     try:
         cfg = from_hf_config(raw, name=name if isinstance(name, str) and name else d.name)
@@ -217,6 +233,7 @@ def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
                     if k in want:
                         t = sf.get_tensor(k)
                         _check_shape(k, t.shape, want[k], f.name)
+                        _check_finite(k, t, f.name)
                         tensors[k] = t.to(dtype)
                     elif k == "lm_head.weight":
                         lm_head = k
@@ -229,6 +246,7 @@ def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
         raise SwiftkError(f"{d}: missing tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     del lm_head  # a tied model may still ship lm_head.weight; the runtime uses the embedding
     tok = Tokenizer.from_hf_dir(d)
+    _check_tokenizer(tok, cfg, str(d))
     ident = {
         "name": cfg.name,
         "path": str(d.resolve()),

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .config import ModelConfig, rope_inv_freq
-from .errors import SwiftkError
+from .errors import SwiftkError, warn
 from .ops import cpu_linear, get_ops
 from .ops import reference as reference_ops
 from .kvcache import KVCache
@@ -42,6 +42,12 @@ def resolve_dtype(dtype) -> torch.dtype:
     elif isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise SwiftkError(f"unsupported dtype {dtype!r}; use one of float32, bfloat16, float16")
+
+
+def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    # torch's CPU float16 matmuls are emulated and swiftk's CPU kernels read float32/bfloat16 only
+    if device.type == "cpu" and dtype == torch.float16:
+        raise SwiftkError("dtype float16 is for GPUs; on CPU use float32 (exact) or bfloat16")
 
 
 def resolve_device(device) -> torch.device:
@@ -139,11 +145,9 @@ class Model:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
         if weights is not None and not cpu_linear.active():
-            import warnings
 
-            warnings.warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
-                          "matmuls through torch after converting the weights every call: slow", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
+                 "matmuls through torch after converting the weights every call: slow", RuntimeWarning)
 
     def enable_graphs(self) -> None:
         """Replay the decode loop's small passes from CUDA graphs (graphs.py), captured lazily."""

@@ -10,6 +10,7 @@ found is written in the same JSON format as ``Engine.save_skip_set`` and is used
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -18,17 +19,20 @@ import numpy as np
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
+from .files import read_json, regular_file
 
 STATE_VERSION = 1
 
 
 def read_prompts(path) -> list:
     """Calibration prompts: ``.jsonl`` (objects with "prompt", "text" or "turns") or one prompt per line."""
-    p = Path(path)
+    p = regular_file(path, "prompts file")
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
         raise SwiftkError(f"cannot read prompts file {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise SwiftkError(f"prompts file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     out = []
     if p.suffix == ".jsonl":
         for i, line in enumerate(text.splitlines(), 1):
@@ -38,7 +42,9 @@ def read_prompts(path) -> list:
                 obj = json.loads(line)
             except ValueError as e:
                 raise SwiftkError(f"{path}:{i}: not JSON: {e}") from None
-            val = obj.get("prompt", obj.get("text", (obj.get("turns") or [None])[0])) if isinstance(obj, dict) else obj
+            turns = obj.get("turns") if isinstance(obj, dict) else None
+            first = turns[0] if isinstance(turns, list) and turns else None
+            val = obj.get("prompt", obj.get("text", first)) if isinstance(obj, dict) else obj
             if not isinstance(val, str) or not val.strip():
                 raise SwiftkError(f"{path}:{i}: expected a string prompt (keys prompt, text or turns)")
             out.append(val)
@@ -72,16 +78,22 @@ class OfflineSearch:
             self._resume()
 
     def _resume(self) -> None:
-        try:
-            st = json.loads(self.state_path.read_text())
-        except (OSError, ValueError) as e:
-            raise SwiftkError(f"cannot read search state {self.state_path}: {e}") from None
-        if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
+        st = read_json(self.state_path, "search state")
+        if st.get("version") != STATE_VERSION:
             raise SwiftkError(f"{self.state_path} is not a swiftk search state (version {STATE_VERSION})")
         if st.get("model") != self.eng.identity.get("name") or st.get("n_coords") != len(self.coords):
             raise SwiftkError(f"search state {self.state_path} is for model {st.get('model')!r}, not "
                               f"{self.eng.identity.get('name')!r}")
-        self.history = list(st.get("history", []))
+        hist = st.get("history", [])
+        ok = isinstance(hist, list) and all(
+            isinstance(h, dict) and isinstance(h.get("x"), list) and len(h["x"]) == len(self.coords)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in h["x"])
+            and all(isinstance(h.get(k), (int, float)) and math.isfinite(h[k]) for k in ("tokens_per_s", "M", "alpha"))
+            for h in hist)
+        if not ok:
+            raise SwiftkError(f"search state {self.state_path} is damaged (its history entries are not "
+                              f"{{x, tokens_per_s, M, alpha}}); delete it to start the search afresh")
+        self.history = list(hist)
 
     def _save_state(self) -> None:
         if self.state_path is not None:

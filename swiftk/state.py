@@ -11,7 +11,6 @@ session's outputs are user data and stay in memory.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Callable, Optional
 
 from .atomic import write_json_atomic
 from .config import OptimizerConfig
-from .errors import SwiftkError
+from .errors import SwiftkError, warn
+from .files import read_json
 from .ngram import OutputHistory
 from .optimizer import SkipSetOptimizer
 from .proposers.base import Estimates
@@ -130,7 +130,7 @@ class LearnedState:
             st.time_decode_s, st.time_optimize_s = float(d["time_decode_s"]), float(d["time_optimize_s"])
             if not all(math.isfinite(x) and 0 <= x < 1e9 for x in (st.time_decode_s, st.time_optimize_s)):
                 raise ValueError("decode/optimize times out of range")
-        except (KeyError, TypeError, ValueError, AttributeError, SwiftkError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError, SwiftkError) as e:
             raise SwiftkError(f"{where} is corrupt: {e}") from None
         return st
 
@@ -139,10 +139,7 @@ class LearnedState:
 
     @classmethod
     def load(cls, path, identity: dict, n_layers: int, cfg: Optional[OptimizerConfig] = None) -> "LearnedState":
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise SwiftkError(f"cannot read decoding state {path}: {e}") from None
+        d = read_json(path, "decoding state")   # no NaN/Infinity, UTF-8, an object
         return cls.from_dict(d, identity, n_layers, cfg, where=f"decoding state {path}")
 
 
@@ -167,16 +164,15 @@ def state_file(identity: dict, device, dtype, weights) -> Path:
 def load_persisted(path, identity: dict, n_layers: int, cfg, costs) -> Optional[LearnedState]:
     """The saved state (and, when measured with as many threads, the cost model into ``costs``); None with a
     warning when the file is damaged or another model's."""
-    import warnings
 
     import torch
 
     try:
         st = LearnedState.load(path, identity, n_layers, cfg)
-        saved = json.loads(Path(path).read_text()).get("costs") or {}
+        saved = read_json(path, "decoding state").get("costs") or {}
         if saved.get("threads") == torch.get_num_threads():
             costs.load_dict(saved)
         return st
-    except (SwiftkError, ValueError, TypeError, OSError) as e:
-        warnings.warn(f"swiftk: ignoring the saved decoding state ({e}); starting fresh", stacklevel=4)
+    except (SwiftkError, ValueError, TypeError, ArithmeticError, AttributeError, OSError) as e:
+        warn(f"swiftk: ignoring the saved decoding state ({e}); starting fresh")
         return None

@@ -7,14 +7,14 @@ those, choosing the split regex llama.cpp uses for that pre-tokenizer name.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Iterable, Optional
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .errors import SwiftkError
+from .errors import SwiftkError, warn
+from .files import read_json
 
 # Split regexes, per llama.cpp's pre-tokenizer types (facts from llama.cpp's llama-vocab.cpp).
 _LLAMA3_SPLIT = (
@@ -67,15 +67,25 @@ def _pre_tokenizer_for(pre: Optional[str]):
     if pre in _QWEN2_NAMES:
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level_only])
     if pre not in _GPT2_NAMES:
-        warnings.warn(f"unknown GGUF pre-tokenizer {pre!r}; using the GPT-2 split, token ids may differ from llama.cpp")
+        warn(f"swiftk: unknown GGUF pre-tokenizer {pre!r}; using the GPT-2 split, token ids may differ from llama.cpp")
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-def _token_content(tok) -> Optional[str]:
+def _token_content(tok, field: str = "special token") -> Optional[str]:
     """tokenizer_config.json stores special tokens either as strings or as AddedToken dicts."""
-    if isinstance(tok, dict):
-        return tok.get("content")
-    return tok
+    c = tok.get("content") if isinstance(tok, dict) else tok
+    if c is not None and not isinstance(c, str):
+        raise SwiftkError(f"{field} must be a string or {{\"content\": string}}, got {tok!r}")
+    return c
+
+
+def _token_ids(value, field: str, n: int) -> list:
+    """A token id or list of ids from metadata, each an int in [0, n); None gives []."""
+    vals = [] if value is None else value if isinstance(value, list) else [value]
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+            raise SwiftkError(f"{field} must be token ids in [0, {n}), got {value!r}")
+    return vals
 
 
 class Tokenizer:
@@ -120,11 +130,27 @@ class Tokenizer:
             raise SwiftkError(
                 f"unsupported GGUF tokenizer model {model!r}; swiftk supports byte-level BPE ('gpt2')"
             )
-        tokens = list(meta["tokenizer.ggml.tokens"])
-        types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise SwiftkError("GGUF tokenizer.ggml.tokens must be a non-empty list of strings")
+        n = len(tokens)
+        types = meta.get("tokenizer.ggml.token_type")
+        types = [1] * n if types is None else types
+        if not isinstance(types, list) or len(types) != n or not all(isinstance(t, int) for t in types):
+            raise SwiftkError(f"GGUF tokenizer.ggml.token_type must be {n} integers, one per token "
+                              f"(got {len(types) if isinstance(types, list) else type(types).__name__})")
         merges = meta.get("tokenizer.ggml.merges")
         if merges is None:
             raise SwiftkError("GGUF tokenizer has no tokenizer.ggml.merges")
+        if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+            raise SwiftkError("GGUF tokenizer.ggml.merges must be a list of strings 'left right'")
+        ids = {k: _token_ids(meta.get(f"tokenizer.ggml.{k}_token_id"), f"GGUF tokenizer.ggml.{k}_token_id", n)
+               for k in ("bos", "eos", "eot", "eom")}
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        template = meta.get("tokenizer.chat_template")
+        if not isinstance(add_bos, (bool, type(None))) or not isinstance(template, (str, type(None))):
+            raise SwiftkError("GGUF tokenizer.ggml.add_bos_token must be a bool and tokenizer.chat_template a "
+                              "string")
         b2u = _byte_to_unicode()
         alphabet = set(b2u.values())
         vocab = {}
@@ -134,12 +160,15 @@ class Tokenizer:
                 t = "".join(b2u[b] for b in t.encode("utf-8"))
             vocab.setdefault(t, i)
         pre = meta.get("tokenizer.ggml.pre")
-        bpe = models.BPE(
-            vocab=vocab,
-            merges=[tuple(m.split(" ", 1)) for m in merges],
-            # llama.cpp's llama3 pre-tokenizer looks a whole word up in the vocabulary before merging.
-            ignore_merges=(pre or "").lower() in _LLAMA3_NAMES,
-        )
+        try:
+            bpe = models.BPE(
+                vocab=vocab,
+                merges=[tuple(m.split(" ", 1)) for m in merges],
+                # llama.cpp's llama3 pre-tokenizer looks a whole word up in the vocabulary before merging.
+                ignore_merges=(str(pre or "")).lower() in _LLAMA3_NAMES,
+            )
+        except Exception as e:  # tokenizers raises its own Exception type
+            raise SwiftkError(f"GGUF tokenizer metadata does not make a BPE tokenizer: {e}") from None
         backend = _HFTokenizer(bpe)
         backend.pre_tokenizer = _pre_tokenizer_for(pre)
         backend.decoder = decoders.ByteLevel()
@@ -154,18 +183,13 @@ class Tokenizer:
         if user:
             backend.add_tokens(user)
         special_ids = {i for i, ty in enumerate(types) if ty == _CONTROL}
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        extra_eos = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-                     if meta.get(k) is not None]
-        add_bos = meta.get("tokenizer.ggml.add_bos_token")
         return cls(
             backend,
-            bos_id=None if bos is None else int(bos),
-            eos_id=None if eos is None else int(eos),
-            eos_ids=[int(e) for e in extra_eos],
-            add_bos=bool(add_bos) if add_bos is not None else False,
-            chat_template=meta.get("tokenizer.chat_template"),
+            bos_id=ids["bos"][0] if ids["bos"] else None,
+            eos_id=ids["eos"][0] if ids["eos"] else None,
+            eos_ids=ids["eot"] + ids["eom"],
+            add_bos=bool(add_bos),
+            chat_template=template,
             vocab_size=len(tokens),
             special_ids=special_ids,
         )
@@ -185,20 +209,20 @@ class Tokenizer:
         cfg = _read_json(path / "config.json")
         gen = _read_json(path / "generation_config.json")
 
-        def tid(tok):
-            c = _token_content(tok)
+        n = backend.get_vocab_size(with_added_tokens=True)
+
+        def tid(key):
+            c = _token_content(tc.get(key), f"{key} in tokenizer_config.json")
             return backend.token_to_id(c) if c else None
 
-        bos = tid(tc.get("bos_token"))
+        bos = tid("bos_token")
         if bos is None:
-            bos = cfg.get("bos_token_id", gen.get("bos_token_id"))
-        eos_id = tid(tc.get("eos_token"))
-        eos = set()
-        for src in (eos_id, cfg.get("eos_token_id"), gen.get("eos_token_id")):
-            if isinstance(src, int):
-                eos.add(src)
-            elif isinstance(src, list):
-                eos.update(int(x) for x in src)
+            bos = (_token_ids(cfg.get("bos_token_id"), "bos_token_id in config.json", n)
+                   or _token_ids(gen.get("bos_token_id"), "bos_token_id in generation_config.json", n) or [None])[0]
+        eos_id = tid("eos_token")
+        eos = set() if eos_id is None else {eos_id}
+        eos.update(_token_ids(cfg.get("eos_token_id"), "eos_token_id in config.json", n))
+        eos.update(_token_ids(gen.get("eos_token_id"), "eos_token_id in generation_config.json", n))
         add_bos = tc.get("add_bos_token")
         if add_bos is None and bos is not None:
             # No flag: the tokenizer.json post-processor decides (LLaMA-3 style templates add BOS).
@@ -206,9 +230,13 @@ class Tokenizer:
             add_bos = bool(enc) and enc[0] == bos
         template = tc.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+            template = next((t.get("template") for t in template if isinstance(t, dict) and
+                             t.get("name") == "default"), None)
         if template is None and (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        if not isinstance(template, (str, type(None))) or not isinstance(add_bos, (bool, type(None))):
+            raise SwiftkError(f"{path / 'tokenizer_config.json'}: chat_template must be a string (or a list of "
+                              f"named ones) and add_bos_token a bool")
         special_ids = {i for i, _ in _added_special(backend)}
         return cls(
             backend,
@@ -314,9 +342,4 @@ def _added_special(backend: _HFTokenizer):
 
 
 def _read_json(p: Path) -> dict:
-    if not p.is_file():
-        return {}
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise SwiftkError(f"{p} is not valid JSON: {e}") from e
+    return read_json(p, p.name) if p.exists() else {}

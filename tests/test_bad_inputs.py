@@ -177,7 +177,7 @@ def test_hf_num_hidden_layers_below_tensors_names_unused_layers(tmp_path):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("config, pattern", [
     (_hf_config(num_attention_heads=0), r"num_attention_heads must be a positive integer, got 0"),
-    ([_hf_config()], r"config\.json must hold a JSON object, got list"),
+    ([_hf_config()], r"config\.json must hold a JSON object, got array"),
     ("llama", r"config\.json must hold a JSON object, got str"),
     (_hf_config(hidden_size="64"), r"hidden_size must be a positive integer, got '64'"),
     (_hf_config(num_hidden_layers=True), r"num_hidden_layers must be a positive integer, got True"),

@@ -23,8 +23,9 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+        default = "invalid_request_error" if status < 500 else "server_error"
         self.type = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
-                     503: "service_unavailable"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+                     503: "service_unavailable"}.get(status, default)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

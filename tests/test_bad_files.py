@@ -1,0 +1,248 @@
+"""Hostile files and CLI runs, round 2: each case got a raw traceback, a hang or a silently wrong result before.
+Now a SwiftkError naming the file and the problem, or (for swiftk's own state) a warning and a fresh start."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import swiftk
+from swiftk.errors import SwiftkError
+from swiftk.loaders import load_checkpoint
+from swiftk.selfsd import read_prompts
+import test_bad_inputs as tb
+import test_loaders as tl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def four_layers(monkeypatch):
+    """The tiny writers' layer count raised to 4, so an Engine (layer skipping needs 3) loads them."""
+    monkeypatch.setattr(tl, "L", 4)
+    monkeypatch.setattr(tb, "L", 4)
+
+
+def _cli(*args, home, **kw):
+    env = {**os.environ, "SWIFTK_HOME": str(home)}
+    env.pop("SWIFTK_PERSIST", None)
+    return subprocess.run([sys.executable, "-m", "swiftk.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kw)
+
+
+# ------------------------------------------------------------------------------------------- paths and weights
+def test_fifo_as_model_path_is_refused_not_read(tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    code = f"import swiftk\ntry:\n    swiftk.load({str(fifo)!r})\nexcept swiftk.SwiftkError as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # hang guard
+    assert "not a regular file" in out.stdout, out.stderr[-2000:]
+
+
+def test_nan_gguf_tensor_is_named(tmp_path):
+    t = tl.hf_tensors("llama")
+    k = "model.layers.1.mlp.down_proj.weight"
+    t[k] = t[k].clone()
+    t[k][3, 5] = float("nan")
+    p = tmp_path / "nan.gguf"
+    tl.write_tiny_gguf(p, "llama", tensors=t, qtypes={})
+    with pytest.raises(SwiftkError, match=r"blk\.1\.ffn_down\.weight holds 1 NaN"):
+        load_checkpoint(p)
+
+
+def test_infinite_safetensors_value_is_named(tmp_path):
+    d = tb._tiny_hf_dir(tmp_path)
+    st = load_file(str(d / "model.safetensors"))
+    st["model.norm.weight"][0] = float("inf")
+    save_file(st, str(d / "model.safetensors"))
+    with pytest.raises(SwiftkError, match=r"model\.norm\.weight holds 1 NaN or infinite"):
+        load_checkpoint(d)
+
+
+def _index_entry(data: bytearray, name: str) -> int:
+    """Offset of a tensor's type field in a GGUF's tensor index."""
+    k = name.encode()
+    i = data.index(len(k).to_bytes(8, "little") + k) + 8 + len(k)
+    return i + 4 + 8 * int.from_bytes(data[i:i + 4], "little")
+
+
+@pytest.mark.parametrize("damage", ["overlap", "type-f16", "type-q8_0"])
+def test_damaged_tensor_index_is_caught(tmp_path, damage):
+    p = tmp_path / "m.gguf"
+    tl.write_tiny_gguf(p, "llama", qtypes={})
+    data = bytearray(p.read_bytes())
+    norm, emb = _index_entry(data, "output_norm.weight"), _index_entry(data, "token_embd.weight")
+    if damage == "overlap":   # the norm's offset pointed into the embedding's bytes
+        data[norm + 4:norm + 12] = data[emb + 4:emb + 12]
+    else:                     # a flipped type byte: the same bytes read as another format
+        data[norm:norm + 4] = int(gguf.GGMLQuantizationType.F16 if damage == "type-f16"
+                                  else gguf.GGMLQuantizationType.Q8_0).to_bytes(4, "little")
+    p.write_bytes(bytes(data))
+    with pytest.raises(SwiftkError, match="overlap|unused bytes after tensor output_norm"):
+        load_checkpoint(p)
+
+
+def test_tokenizer_larger_than_the_embedding(tmp_path):
+    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+
+    d = tb._tiny_hf_dir(tmp_path)
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(600)]
+    tok = HFTok(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    with pytest.raises(SwiftkError, match="tokenizer has 603 tokens but the embedding only"):
+        load_checkpoint(d)
+
+
+# ------------------------------------------------------------------------------------------- tokenizer metadata
+@pytest.mark.parametrize("method, replacement, pattern", [
+    ("add_token_types", lambda self, types: self.add_array("tokenizer.ggml.token_type", types[:5]),
+     "token_type must be .* one per token"),
+    ("add_token_merges", lambda self, merges: self.add_array("tokenizer.ggml.merges", [1, 2, 3]),
+     "merges must be a list of strings"),
+    ("add_bos_token_id", lambda self, i: self.add_string("tokenizer.ggml.bos_token_id", "1"),
+     "bos_token_id must be token ids"),
+    ("add_eos_token_id", lambda self, i: self.add_uint32("tokenizer.ggml.eos_token_id", 10**6),
+     "eos_token_id must be token ids"),
+])
+def test_bad_gguf_tokenizer_metadata_is_named(tmp_path, monkeypatch, method, replacement, pattern):
+    monkeypatch.setattr(gguf.GGUFWriter, method, replacement)
+    p = tmp_path / "m.gguf"
+    tl.write_tiny_gguf(p, "llama")
+    with pytest.raises(SwiftkError, match=pattern):
+        load_checkpoint(p)
+
+
+@pytest.mark.parametrize("name, content, pattern", [
+    ("tokenizer_config.json", {"eos_token": 5}, "eos_token in tokenizer_config.json must be a string"),
+    ("tokenizer_config.json", {"chat_template": 7}, "chat_template must be a string"),
+    ("tokenizer_config.json", {"add_bos_token": "yes"}, "add_bos_token a bool"),
+    ("generation_config.json", {"eos_token_id": "x"}, "eos_token_id in generation_config.json must be token ids"),
+    ("generation_config.json", {"eos_token_id": [2, -1]}, "must be token ids"),
+    ("generation_config.json", [], "must hold a JSON object, got array"),
+    ("model.safetensors.index.json", {"weight_map": 3}, "weight_map must map tensor names"),
+    ("model.safetensors.index.json", {"weight_map": {"a": "../x.safetensors"}}, "weight_map must map tensor names"),
+])
+def test_malformed_hf_side_files_are_named(tmp_path, name, content, pattern):
+    d = tb._tiny_hf_dir(tmp_path)
+    (d / name).write_text(json.dumps(content))
+    with pytest.raises(SwiftkError, match=pattern):
+        load_checkpoint(d)
+
+
+@pytest.mark.parametrize("text, pattern", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                           (b"\xff\xfe{}", "not UTF-8"), ('{"a": NaN}', "NaN is not a JSON number")])
+def test_hostile_config_json(tmp_path, text, pattern):
+    d = tb._tiny_hf_dir(tmp_path)
+    (d / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SwiftkError, match=pattern):
+        load_checkpoint(d)
+
+
+# ------------------------------------------------------------------------------------------- config semantics
+def test_sliding_window_caps_the_context(tmp_path):
+    d = tb._tiny_hf_dir(tmp_path, "mistral", config=tb._hf_config(model_type="mistral", sliding_window=64))
+    assert load_checkpoint(d).config.max_position == 64
+    qwen = dict(model_type="qwen2", sliding_window=64, attention_bias=False)
+    off = tb._tiny_hf_dir(tmp_path, "qwen", config=tb._hf_config(**qwen, use_sliding_window=False))
+    assert load_checkpoint(off).config.max_position == 256   # a window that is switched off changes nothing
+    on = tb._tiny_hf_dir(tmp_path, "qwen-on", config=tb._hf_config(**qwen, use_sliding_window=True))
+    assert load_checkpoint(on).config.max_position == 64
+
+
+def test_context_length_one_is_named(tmp_path, four_layers):
+    p = tb._tiny_gguf(tmp_path, context_length=1)
+    with pytest.raises(SwiftkError, match="context length is 1 tokens"):
+        swiftk.load(str(p), persist=False)
+
+
+def test_float16_on_cpu_is_refused_up_front(tmp_path):
+    with pytest.raises(SwiftkError, match="float16 is for GPUs"):
+        swiftk.load(str(tmp_path / "never-read"), dtype="float16")
+
+
+# ------------------------------------------------------------------------------------------- swiftk's own files
+def test_state_with_infinity_is_ignored_with_a_warning(tmp_path, monkeypatch, four_layers):
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    d = tb._tiny_hf_dir(tmp_path)
+    eng = swiftk.load(str(d), persist=True)
+    eng.generate("w1 w2 w3", max_new_tokens=4)
+    path = eng.state_path()
+    text = path.read_text()
+    assert '"tokens_seen": ' in text
+    path.write_text(text.replace('"tokens_seen": ', '"tokens_seen": Infinity, "was": ', 1))
+    with pytest.warns(UserWarning, match="ignoring the saved decoding state .*Infinity") as rec:
+        again = swiftk.load(str(d), persist=True)
+    assert rec[0].filename == __file__   # points at the caller's line, not an internal one
+    assert again.state.tokens_seen == 0
+    assert again.generate("w1 w2 w3", max_new_tokens=4).token_ids == eng.generate(
+        "w1 w2 w3", max_new_tokens=4, method="autoregressive").token_ids
+
+
+def test_prompt_files_with_bad_bytes_or_shapes(tmp_path):
+    bad = tmp_path / "p.txt"
+    bad.write_bytes(b"\xff\xfe hello\n")
+    with pytest.raises(SwiftkError, match="not UTF-8"):
+        read_prompts(bad)
+    odd = tmp_path / "p.jsonl"
+    odd.write_text('{"turns": 5}\n')
+    with pytest.raises(SwiftkError, match="expected a string prompt"):
+        read_prompts(odd)
+    odd.write_text('{"turns": "abc"}\n')
+    with pytest.raises(SwiftkError, match="expected a string prompt"):
+        read_prompts(odd)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+@pytest.fixture
+def tiny4(tmp_path, four_layers):
+    return tb._tiny_hf_dir(tmp_path)
+
+
+def test_cli_refuses_skip_set_for_methods_that_ignore_it(tmp_path, tiny4):
+    sk = tmp_path / "skip.json"
+    sk.write_text(json.dumps({"attention": [1], "mlp": []}))
+    out = _cli("generate", "w1 w2", "-n", "3", "--model", str(tiny4), "--method", "ngram", "--skip-set", str(sk),
+               home=tmp_path / "home")
+    assert out.returncode == 2 and "--skip-set is an option of --method swift or static" in out.stderr
+
+
+def test_cli_skip_set_run_is_not_persisted(tmp_path, tiny4):
+    home = tmp_path / "home"
+    sk = tmp_path / "skip.json"
+    eng = swiftk.load(str(tiny4), persist=False)
+    eng.save_skip_set(str(sk))
+    out = _cli("generate", "w1 w2", "-n", "3", "--model", str(tiny4), "--skip-set", str(sk), home=home)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not list((home / "state").glob("*.json")) if (home / "state").exists() else True
+    plain = _cli("generate", "w1 w2", "-n", "3", "--model", str(tiny4), home=home)
+    assert plain.returncode == 0 and list((home / "state").glob("*.json"))   # a normal run does persist
+
+
+@pytest.mark.parametrize("args", [["generate", "--dtype", "float16"]])
+def test_cli_float16_on_cpu_is_one_line(tmp_path, tiny4, args):
+    out = _cli(*args, "w1", "--model", str(tiny4), home=tmp_path / "home")
+    assert out.returncode == 2 and "float16 is for GPUs" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_ctrl_c_exits_130_without_traceback(tmp_path, tiny4):
+    env = {**os.environ, "SWIFTK_HOME": str(tmp_path / "home"), "SWIFTK_PERSIST": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "swiftk.cli", "generate", "--model", str(tiny4)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wchan = Path(f"/proc/{proc.pid}/wchan")
+    deadline = time.monotonic() + 120   # a hang guard: wait until it blocks reading the prompt from stdin
+    while "pipe_read" not in (wchan.read_text() if wchan.exists() else "pipe_read"):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    proc.stdin.close() if proc.stdin else None
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() == "swiftk: interrupted"
