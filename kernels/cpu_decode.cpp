@@ -20,13 +20,30 @@
 
 #include <vector>
 
+// The public declarations (csrc/include/swiftk_cpu.h), when the build puts csrc/include on the include path
+// (examples/CMakeLists.txt does): the compiler then checks that the definitions below match them. swiftk's own
+// first-use build (swiftk/ops/cpu_linear.py) compiles this file alone, as installed packages have no csrc/.
+#if __has_include("swiftk_cpu.h")
+#include "swiftk_cpu.h"
+#define SWK_HAVE_HEADER 1
+#endif
+
 #include "cpu_linear.cpp"
 
 namespace {
 
-// Layer table: per layer, NPTR addresses (see swk_layers) and 4 weight types.
+// Layer table: per layer, NPTR addresses (see swk_layers) and 4 weight types. Public: csrc/include/swiftk_cpu.h.
 enum { P_ATTN_NORM, P_WQKV, P_WQKV_SCALE, P_BQKV, P_WO, P_WO_SCALE, P_MLP_NORM, P_WGU, P_WGU_SCALE, P_WDOWN,
        P_WDOWN_SCALE, P_KV, NPTR };
+#ifdef SWK_HAVE_HEADER
+static_assert((int)P_ATTN_NORM == SWK_P_ATTN_NORM && (int)P_WQKV == SWK_P_WQKV &&
+                  (int)P_WQKV_SCALE == SWK_P_WQKV_SCALE && (int)P_BQKV == SWK_P_BQKV && (int)P_WO == SWK_P_WO &&
+                  (int)P_WO_SCALE == SWK_P_WO_SCALE && (int)P_MLP_NORM == SWK_P_MLP_NORM &&
+                  (int)P_WGU == SWK_P_WGU && (int)P_WGU_SCALE == SWK_P_WGU_SCALE && (int)P_WDOWN == SWK_P_WDOWN &&
+                  (int)P_WDOWN_SCALE == SWK_P_WDOWN_SCALE && (int)P_KV == SWK_P_KV &&
+                  (int)NPTR == SWK_LAYER_TABLE_WIDTH,
+              "layer table order differs from csrc/include/swiftk_cpu.h");
+#endif
 
 // exp on a vector (Cephes' expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp like torch's vectorized
 // exp). Written out because the compiler vectorizes no libm call under strict IEEE flags, and scalar expf over

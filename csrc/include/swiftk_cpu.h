@@ -1,0 +1,96 @@
+/* swiftk CPU C ABI: the CPU decode kernels (kernels/cpu_decode.cpp, which includes kernels/cpu_linear.cpp), callable
+ * from any C/C++ host, no Python or torch needed. The sibling of swiftk.h (the CUDA kernels); needs no CUDA.
+ *
+ * Build: compile kernels/cpu_decode.cpp as one translation unit with -fopenmp and -mavx2 -mfma or -march=native
+ * (AVX2+FMA or AVX-512 F/BW/VL; the vector width is chosen at compile time), e.g. examples/CMakeLists.txt.
+ * swiftk's Python runtime builds the same file at first use and calls these functions through ctypes
+ * (swiftk/ops/cpu_linear.py), filling the layer table in swiftk/weights.py `fused_layer_table`.
+ *
+ * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
+ * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions
+ * return SWK_CPU_OK, or SWK_CPU_ERR_ARG when an argument is invalid (then nothing is written). nthreads >= 1
+ * OpenMP threads. Results are batch invariant: a row's output never depends on M / T or the thread count.
+ */
+#ifndef SWIFTK_CPU_H_
+#define SWIFTK_CPU_H_
+
+#include <stdint.h>
+
+#ifndef SWIFTK_API
+#if defined(_WIN32)
+#define SWIFTK_API __declspec(dllexport)
+#else
+#define SWIFTK_API __attribute__((visibility("default")))
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SWK_CPU_OK 0
+#define SWK_CPU_ERR_ARG (-1)
+
+/* Weight types of a matrix W [N, K]. */
+#define SWK_W_FLOAT32 0  /* float32 */
+#define SWK_W_BFLOAT16 1 /* bfloat16 bits (uint16, the top half of a float32) */
+#define SWK_W_INT8 2     /* int8, row n times a float32 scale[n]: W ~= q * scale[:, None] (symmetric per row) */
+
+/* Skinny matmul for decoding (M of a few rows up to ~32; any M works):
+ *   y[M, N] = x[M, K] @ W[N, K]^T            (wt SWK_W_FLOAT32 / SWK_W_BFLOAT16, scale must be NULL)
+ *   y[m, n] = scale[n] * sum_k x[m, k] q[n, k] (wt SWK_W_INT8, scale [N] float32 required)
+ * x, y float32; W read once for all M rows. Returns SWK_CPU_ERR_ARG for NULL pointers, M/K/N < 1, an unknown wt,
+ * or a scale given/missing against wt. */
+SWIFTK_API int swk_linear(const float* x, int64_t M, int64_t K, const void* w, int wt, const float* scale,
+                          int64_t N, float* y, int nthreads);
+
+/* Float32 lanes per vector of this build: 16 (AVX-512) or 8 (AVX2). */
+SWIFTK_API int swk_vector_width(void);
+
+/* Layer table: per layer, SWK_LAYER_TABLE_WIDTH addresses (uint64_t, i.e. (uintptr_t)pointer) in this order.
+ * D hidden, H query heads, KV kv heads (H % KV == 0), hd head_dim (even), I intermediate size, S_max max_slots. */
+enum swk_layer_ptr {
+  SWK_P_ATTN_NORM = 0,  /* float32 [D]: input_layernorm weight */
+  SWK_P_WQKV = 1,       /* [(H + 2 KV) hd, D]: q_proj, k_proj, v_proj rows stacked (weight type wtypes[4l + 0]) */
+  SWK_P_WQKV_SCALE = 2, /* float32 [(H + 2 KV) hd] for SWK_W_INT8, else 0 */
+  SWK_P_BQKV = 3,       /* float32 [(H + 2 KV) hd] q|k|v bias (Qwen2), or 0 for none */
+  SWK_P_WO = 4,         /* [D, H hd]: o_proj (wtypes[4l + 1]) */
+  SWK_P_WO_SCALE = 5,   /* float32 [D] or 0 */
+  SWK_P_MLP_NORM = 6,   /* float32 [D]: post_attention_layernorm weight */
+  SWK_P_WGU = 7,        /* [2 I, D]: gate_proj rows then up_proj rows (wtypes[4l + 2]) */
+  SWK_P_WGU_SCALE = 8,  /* float32 [2 I] or 0 */
+  SWK_P_WDOWN = 9,      /* [D, I]: down_proj (wtypes[4l + 3]) */
+  SWK_P_WDOWN_SCALE = 10, /* float32 [D] or 0 */
+  SWK_P_KV = 11,        /* float32 [2, KV, S_max, hd]: this layer's cache, K plane then V plane (read and written) */
+  SWK_LAYER_TABLE_WIDTH = 12
+};
+
+/* The decoder-layer loop of a LLaMA/Qwen2 model for T new tokens (1 <= T; made for T <= 32), all n_layers layers
+ * of the table in one call, updating the residual stream h [T, D] in place. Per layer l (unless skipped):
+ *   attention (skipped iff flags[2l]):   x = rmsnorm(h) * attn_norm; qkv = x @ Wqkv^T (+ bqkv); rotate-half RoPE
+ *     (HF layout) of the q and k heads with cos/sin of the token; k, v written to cache slot slots[t];
+ *     h += softmax(q . K^T * scale over the slots s < S with vis[t][s] != 0) V @ Wo^T   (GQA: head h uses kv h/(H/KV))
+ *   MLP (skipped iff flags[2l + 1]):     x = rmsnorm(h) * mlp_norm; [g|u] = x @ Wgu^T; h += (silu(g) * u) @ Wdown^T
+ * rmsnorm(h) = h / sqrt(mean(h^2) + eps). The final norm and LM head are the caller's (swk_linear).
+ *   table   [n_layers, SWK_LAYER_TABLE_WIDTH] addresses (offset the pointer to start at a later layer)
+ *   wtypes  [n_layers, 4] int: weight types of Wqkv, Wo, Wgu, Wdown
+ *   flags   [n_layers, 2] bytes: attention / MLP sublayer skipped (all 0 for the full model)
+ *   slots   [T] int64 in [0, max_slots): cache slot each new token's k, v are written to
+ *   cos_t, sin_t [T, hd/2] float32: cos/sin(position[t] * inv_freq[i]), inv_freq[i] = theta^(-2i/hd)
+ *   vis     [T, S] bytes: token t attends slot s; every row must see at least one slot; 1 <= S <= max_slots
+ *           (a decode step at position p in slot p: T = 1, S = p + 1, all ones)
+ *   scale   attention scale, usually 1/sqrt(hd); eps the RMSNorm epsilon
+ * Returns SWK_CPU_OK, or SWK_CPU_ERR_ARG (bad shape, NULL pointer, slot out of range, a token seeing no slot). */
+SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
+                          int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
+                          int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
+                          const uint8_t* vis, int64_t S, float* h, int nthreads);
+
+/* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */
+SWIFTK_API int swk_layer_table_width(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SWIFTK_CPU_H_ */
