@@ -148,8 +148,14 @@ def _generate(a) -> int:
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     if a.drafter and a.method != "moa":
         raise SwiftkError("--drafter is an option of --method moa")
+    # CLI spellings in the messages: the API's own checks would name skip_set=, exit_layer=
     if a.skip_set and a.method not in ("swift", "static"):
         raise SwiftkError(f"--skip-set is an option of --method swift or static, not {a.method}")
+    if a.method == "static" and not a.skip_set:
+        raise SwiftkError("--method static needs --skip-set FILE (from --save-skip-set or swiftk optimize)")
+    if (a.exit_layer is not None) != (a.method == "early_exit"):
+        raise SwiftkError("--method early_exit needs --exit-layer E (the draft runs layers 0..E-1)"
+                          if a.exit_layer is None else "--exit-layer is an option of --method early_exit")
     # a run from a given skip set is a one-off: it must not become the saved state later runs start from
     persist = False if a.skip_set else None
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, drafter=a.drafter,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -35,13 +36,18 @@ def read_json(path, what: str = "JSON file", expect: type = dict, max_bytes: int
     if p.stat().st_size > max_bytes:
         raise SwiftkError(f"{what} {p} is {p.stat().st_size >> 20} MiB; more than {max_bytes >> 20} MiB is not a "
                           f"{what}")
+    text = None
     try:
-        value = json.loads(p.read_bytes().decode("utf-8"), parse_constant=_no_constant)
+        text = p.read_bytes().decode("utf-8")
+        value = json.loads(text, parse_constant=_no_constant)
     except UnicodeDecodeError as e:
         raise SwiftkError(f"{what} {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except RecursionError:
         raise SwiftkError(f"{what} {p} is nested too deeply to be a {what}") from None
     except ValueError as e:
+        m = text and re.search(r'"([^"]{1,80})"\s*:\s*(?:\[[^\]]*?)?(-?Infinity|NaN)', text)
+        if m:   # name the field: the parser only knows the constant
+            raise SwiftkError(f"{what} {p} is corrupt: {m.group(1)} holds {m.group(2)}, not a finite number") from None
         raise SwiftkError(f"{what} {p} is not valid JSON: {e}") from None
     except OSError as e:
         raise SwiftkError(f"cannot read {what} {p}: {e.strerror}") from None

@@ -174,7 +174,9 @@ def read_gguf(path) -> GGUFFile:
     except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
         if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
-        raise SwiftkError(f"GGUF {path} is truncated or corrupt: {type(e).__name__}: {e}") from e
+        # the reader's own message is about numpy views, not the file: say what it means for the user
+        raise SwiftkError(f"GGUF {path} is truncated or corrupt: its header or tensor index ends early or holds "
+                          f"impossible sizes ({size} bytes on disk); download it again") from e
     if reader.byte_order != "I":
         raise SwiftkError(f"GGUF {path.name} has non-native byte order, which swiftk does not support")
     meta = {name: _field_value(f) for name, f in reader.fields.items() if name not in _READER_PSEUDO_FIELDS}

@@ -138,7 +138,7 @@ def test_malformed_hf_side_files_are_named(tmp_path, name, content, pattern):
 
 
 @pytest.mark.parametrize("text, pattern", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-                                           (b"\xff\xfe{}", "not UTF-8"), ('{"a": NaN}', "NaN is not a JSON number")])
+                                           (b"\xff\xfe{}", "not UTF-8"), ('{"a": NaN}', "a holds NaN, not a finite number")])
 def test_hostile_config_json(tmp_path, text, pattern):
     d = tb._tiny_hf_dir(tmp_path)
     (d / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -178,7 +178,7 @@ def test_state_with_infinity_is_ignored_with_a_warning(tmp_path, monkeypatch, fo
     text = path.read_text()
     assert '"tokens_seen": ' in text
     path.write_text(text.replace('"tokens_seen": ', '"tokens_seen": Infinity, "was": ', 1))
-    with pytest.warns(UserWarning, match="ignoring the saved decoding state .*Infinity") as rec:
+    with pytest.warns(UserWarning, match="ignoring the saved decoding state .*tokens_seen holds Infinity") as rec:
         again = swiftk.load(str(d), persist=True)
     assert rec[0].filename == __file__   # points at the caller's line, not an internal one
     assert again.state.tokens_seen == 0
@@ -246,3 +246,16 @@ def test_cli_ctrl_c_exits_130_without_traceback(tmp_path, tiny4):
     proc.stdin.close() if proc.stdin else None
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip() == "swiftk: interrupted"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "static"], "--method static needs --skip-set FILE"),
+    (["--method", "early_exit"], "--method early_exit needs --exit-layer E"),
+    (["--exit-layer", "2"], "--exit-layer is an option of --method early_exit"),
+])
+def test_cli_messages_use_cli_spellings(capsys, args, message):
+    from swiftk.cli import main
+
+    assert main(["generate", "w1", "--model", "never-loaded", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "=" not in err.split("error:")[1].split("(")[0]
