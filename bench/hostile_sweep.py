@@ -359,6 +359,16 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
         if stray:
             kill_group(p.pid)
         cls, detail = cli_class(rc, out, err, c.check)
+        if c.signal_after is not None and "Traceback" not in err:
+            sig = c.signal_after[0]
+            if rc == 130 and sig == signal.SIGINT:
+                cls, detail = "correct", "exit 130 after SIGINT"
+            elif rc == -signal.SIGTERM and sig == signal.SIGTERM:
+                cls, detail = "correct", "died by SIGTERM, no traceback"
+            elif rc is not None and rc < 0:
+                detail = f"{detail} (expected exit 130 / death by SIGTERM); stderr: {err.strip()[-150:]!r}"
+        if rc is None and c.argv and c.argv[0] == "serve":
+            cls, detail = "silently wrong", f"accepted the value and started serving (still up after {c.timeout} s)"
         if stray and cls in OK:
             cls, detail = "leftover", f"{detail}; child processes still running after exit"
         results.append((cls, detail))
@@ -1001,6 +1011,8 @@ def cli_cases(model: Path, fx: dict, homes_root: Path) -> list:
     badjsonl.write_text('{"prompt": 5}\n{"prompt": \n')
     blank = homes_root / "blank.txt"
     blank.write_text("\n\n   \n")
+    good = homes_root / "good-prompts.txt"
+    good.write_text("def add(a, b):\n")
     nanss = homes_root / "nan-skipset.json"
     nanss.write_text('{"attention": NaN, "mlp": []}')
 
@@ -1051,11 +1063,11 @@ def cli_cases(model: Path, fx: dict, homes_root: Path) -> list:
                       "bad-jsonl": ["--prompts", str(badjsonl), "--out", "o.json"],
                       "missing": ["--prompts", "/nonexistent.txt", "--out", "o.json"],
                       "dir": ["--prompts", "/tmp", "--out", "o.json"],
-                      "out-dir": ["--prompts", str(blank), "--out", "/"],
-                      "out-missing-dir": ["--prompts", str(blank), "--out", "/nonexistent/o.json"],
-                      "iterations-0": ["--prompts", str(blank), "--out", "o.json", "--iterations", "0"],
-                      "iterations-neg": ["--prompts", str(blank), "--out", "o.json", "--iterations", "-3"],
-                      "init-neg": ["--prompts", str(blank), "--out", "o.json", "--init", "-1"],
+                      "out-dir": ["--prompts", str(good), "--out", "/"],
+                      "out-missing-dir": ["--prompts", str(good), "--out", "/nonexistent/o.json"],
+                      "iterations-0": ["--prompts", str(good), "--out", "o.json", "--iterations", "0"],
+                      "iterations-neg": ["--prompts", str(good), "--out", "o.json", "--iterations", "-3"],
+                      "init-neg": ["--prompts", str(good), "--out", "o.json", "--init", "-1"],
                       "state-garbage": ["--prompts", str(badjsonl), "--out", "o.json", "--state", str(nanss)],
                       "no-prompts-flag": ["--out", "o.json"]}.items():
         add(f"optimize:{nm}", o + extra, timeout=120)
@@ -1076,8 +1088,12 @@ def cli_cases(model: Path, fx: dict, homes_root: Path) -> list:
                       "queue-0": ["--queue-size", "0"], "queue-neg": ["--queue-size", "-1"], "swift-bad": ["--swift", "max_draft=0"],
                       "host-bogus": ["--host", "999.1.1.1"], "max-context-0": ["--max-context", "0"],
                       "max-context-huge": ["--max-context", str(10**9)], "model-missing": ["-m", "/nonexistent.gguf"]}.items():
-        argv = ["serve", "-m", M, *extra] if nm != "model-missing" else ["serve", *extra]
-        add(f"serve:{nm}", argv, timeout=60, check=lambda o, e: ("silently wrong", "serve exited 0"))
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = str(sk.getsockname()[1])
+        port_args = [] if "port" in nm else ["--port", port]   # each its own port: a case that starts serving
+        argv = ["serve", "-m", M, *port_args, *extra] if nm != "model-missing" else ["serve", *port_args, *extra]
+        add(f"serve:{nm}", argv, timeout=45, check=lambda o, e: ("silently wrong", "serve exited 0"))
     C = [c for c in C if c.name != "generate:stdout-closed-pipe"]
     return C
 
