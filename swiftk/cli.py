@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -127,13 +126,9 @@ def _parse_kv(items) -> dict:
 
 def _check_output_path(path: str, flag: str) -> None:
     """Fail before the (slow) load and generation when ``path`` could not be written once they are done."""
-    p = Path(path)  # as the writer will see it (no ~ expansion)
-    if p.is_dir():
-        raise SwiftkError(f"{flag} {path}: is a directory")
-    if not p.parent.is_dir():
-        raise SwiftkError(f"{flag} {path}: directory {p.parent} does not exist")
-    if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise SwiftkError(f"{flag} {path}: directory {p.parent} is not writable")
+    from .files import check_output_path
+
+    check_output_path(path, flag)
 
 
 def _generate(a) -> int:
@@ -189,8 +184,10 @@ def _optimize(a) -> int:
     from .selfsd import OfflineSearch, read_prompts
 
     prompts = read_prompts(a.prompts)
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
     state = a.state or (a.out + ".state.json")
+    _check_output_path(a.out, "--out")
+    _check_output_path(state, "--state")
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
     search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
                            chat=a.chat, state_path=state, seed=a.seed)
     best = search.run(progress=sys.stderr.isatty())
@@ -209,6 +206,10 @@ def _train_drafter(a) -> int:
     for name in ("tokens", "answer_tokens", "steps", "batch"):
         if getattr(a, name) < 1:
             raise SwiftkError(f"--{name.replace('_', '-')} must be >= 1")
+    if not (a.lr > 0 and a.lr < float("inf")):
+        raise SwiftkError(f"--lr must be a finite number > 0, got {a.lr}")
+    if a.tli < 0:
+        raise SwiftkError(f"--tli must be >= 0, got {a.tli}")
     eng = swiftk.load(a.model, persist=False)
     from .moa.method import trained_drafter_path
 
@@ -247,6 +248,12 @@ def _serve(a) -> int:
 
     if not 0 <= a.port <= 65535:
         raise SwiftkError(f"--port must be in [0, 65535], got {a.port}")
+    import socket
+
+    try:   # before the slow load: an unknown host or a taken port would only show as uvicorn's log line
+        socket.create_server((a.host, a.port)).close()
+    except OSError as e:
+        raise SwiftkError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, max_context=a.max_context,
                       **opt_kw)

@@ -21,6 +21,7 @@ from .config import DecodeConfig, OptimizerConfig, option_names, updated
 from .costs import CostModel, Gate
 from .decode import speculative_decode
 from .errors import SwiftkError, warn
+from .files import check_output_path
 from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
                        stream_pieces)
 from .model import Model, check_device_dtype, resolve_device, resolve_dtype
@@ -90,7 +91,7 @@ class Engine:
             self.model.enable_graphs()
         self.costs = CostModel(self.model)
         self._lock = threading.RLock()
-        self._busy = False   # a call holds the KV cache (see _own)
+        self._busy, self._owner = False, None   # a call holds the KV cache (see _own)
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
@@ -130,6 +131,7 @@ class Engine:
         self.state = self.new_state(**opt_kw)
 
     def save_skip_set(self, path: Union[str, os.PathLike], skip_set: Optional[torch.Tensor] = None, **extra) -> None:
+        check_output_path(path, "skip-set file")
         s = self.skip_set if skip_set is None else skip_set
         if skip_set is None:
             extra.setdefault("matchness", self.state.optimizer.best_matchness)
@@ -252,11 +254,11 @@ class Engine:
             if self._busy:
                 raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
                                   "(use another engine, or collect the text and call after generate returns)")
-            self._busy = True
+            self._busy, self._owner = True, threading.get_ident()
             try:
                 yield
             finally:
-                self._busy = False
+                self._busy, self._owner = False, None
 
     def _state_for(self, key) -> LearnedState:
         """The engine's learned state for a method (key None: SWIFT's, the one that persists); a few kept."""
@@ -350,6 +352,11 @@ class Engine:
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Iterator over text pieces (generation runs in a worker thread). Abandoning the iterator cancels the
         generation at its next token, so the engine is free again."""
+        if "callback" in kw or "_cancel" in kw:
+            raise SwiftkError("stream() yields the pieces itself; callback is an option of generate()")
+        if self._busy and self._owner == threading.get_ident():
+            raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
+                              "(use another engine, or collect the text and call after generate returns)")
         return stream_pieces(self.generate, prompt, **kw)
 
     @torch.inference_mode()

@@ -56,3 +56,15 @@ def read_json(path, what: str = "JSON file", expect: type = dict, max_bytes: int
         raise SwiftkError(f"{what} {p} must hold a JSON {names.get(expect, expect.__name__)}, got "
                           f"{names.get(type(value), type(value).__name__)}")
     return value
+
+
+def check_output_path(path, what: str = "output file") -> None:
+    """Fail before slow work when ``path`` could not be written once it is done: a directory, a missing or
+    unwritable folder."""
+    p = Path(path)  # as the writer will see it (no ~ expansion)
+    if p.is_dir():
+        raise SwiftkError(f"{what} {path}: is a directory")
+    if not p.parent.is_dir():
+        raise SwiftkError(f"{what} {path}: directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise SwiftkError(f"{what} {path}: directory {p.parent} is not writable")

@@ -103,7 +103,10 @@ def check_layer_count(n_layers: int, names, layer_re: re.Pattern, field: str, wh
 
 def _check_finite(name: str, t: torch.Tensor, where: str) -> None:
     """NaN or infinite weights decode garbage without any error downstream (cost: see docs/performance.md)."""
-    if not t.is_floating_point() or bool(torch.isfinite(t.sum(dtype=torch.float64))):
+    if not t.is_floating_point():
+        raise SwiftkError(f"{where}: tensor {name} has dtype {str(t.dtype).replace('torch.', '')}; weights must be "
+                          f"floating point")
+    if bool(torch.isfinite(t.sum(dtype=torch.float64))):
         return   # one reduction: NaN and infinities propagate through a sum
     bad = int((~torch.isfinite(t)).sum())
     if bad:

@@ -337,6 +337,8 @@ class _HashingWriter:
 
 def resolve_model(name_or_path: Union[str, os.PathLike]) -> Path:
     """An existing file/directory path as is; a registry name pulled into the cache."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise SwiftkError(f"model must be a registry name or a path, got {type(name_or_path).__name__}")
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p

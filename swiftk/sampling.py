@@ -28,6 +28,7 @@ def _is_real(x) -> bool:
 
 
 MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 1e3
 
 
 def validate_temperature(temperature: float) -> None:
@@ -37,6 +38,9 @@ def validate_temperature(temperature: float) -> None:
     # logits / t must stay finite in float32: below MIN_TEMPERATURE use 0 (greedy, the limit it tends to)
     if 0 < temperature < MIN_TEMPERATURE:
         raise SwiftkError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {temperature!r}")
+    # far above any useful value the distribution is uniform already, and a huge int overflows the division
+    if temperature > MAX_TEMPERATURE:
+        raise SwiftkError(f"temperature must be <= {MAX_TEMPERATURE:g}, got {temperature!r}")
 
 
 def validate_top_p(top_p: float) -> None:

@@ -259,3 +259,50 @@ def test_cli_messages_use_cli_spellings(capsys, args, message):
     assert main(["generate", "w1", "--model", "never-loaded", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "=" not in err.split("error:")[1].split("(")[0]
+
+
+# ------------------------------------------------------------------------------------------- sweep findings
+def test_integer_weights_are_refused(tmp_path):
+    d = tb._tiny_hf_dir(tmp_path)
+    st = load_file(str(d / "model.safetensors"))
+    st["model.layers.0.self_attn.q_proj.weight"] = st["model.layers.0.self_attn.q_proj.weight"].to(torch.int32)
+    save_file(st, str(d / "model.safetensors"))
+    with pytest.raises(SwiftkError, match="q_proj.weight has dtype int32; weights must be floating point"):
+        load_checkpoint(d)
+
+
+@pytest.mark.parametrize("model", [None, 5, 2.5])
+def test_model_of_the_wrong_type(model):
+    with pytest.raises(SwiftkError, match="model must be a registry name or a path"):
+        swiftk.load(model)
+
+
+def test_api_misuse_found_by_the_sweep(tmp_path, tiny4):
+    eng = swiftk.load(str(tiny4), persist=False)
+    with pytest.raises(SwiftkError, match="temperature must be <="):
+        eng.generate("w1", max_new_tokens=2, temperature=10**30)
+    with pytest.raises(SwiftkError, match="callback is an option of generate"):
+        list(eng.stream("w1", max_new_tokens=2, callback=print))
+    with pytest.raises(SwiftkError, match="is a directory"):
+        eng.save_skip_set(str(tmp_path))
+    # a callback that streams from its own engine would wait forever for the engine it holds
+    with pytest.raises(SwiftkError, match="cannot call back into the same engine"):
+        eng.generate("w1 w2", max_new_tokens=4, method="autoregressive",
+                     callback=lambda p: list(eng.stream("w1", max_new_tokens=2)))
+    ref = eng.generate("w1 w2", max_new_tokens=6, method="autoregressive")
+    assert "".join(eng.stream("w1 w2", max_new_tokens=6, method="autoregressive")) == ref.text   # still usable
+
+
+def test_cli_output_and_training_inputs_checked_before_work(tmp_path, tiny4):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w1 w2\n")
+    out = _cli("optimize", "--model", str(tiny4), "--prompts", str(prompts), "--out", str(tmp_path), "--iterations",
+               "1", home=tmp_path / "home")
+    assert out.returncode == 2 and "--out" in out.stderr and "is a directory" in out.stderr
+    bad = tmp_path / "b.txt"
+    bad.write_bytes(b"hi \xff\xfe\n")
+    out = _cli("train-drafter", "--model", str(tiny4), "--data", str(bad), "--steps", "1", "--tokens", "200",
+               "--out", str(tmp_path / "d.safetensors"), home=tmp_path / "home")
+    assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr
+    out = _cli("train-drafter", "--model", str(tiny4), "--lr", "nan", home=tmp_path / "home")
+    assert out.returncode == 2 and "--lr must be a finite number" in out.stderr

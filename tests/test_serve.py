@@ -198,6 +198,10 @@ def test_prompt_past_the_context_and_raw_garbage_get_400(live, ref):
                  b'{"model": "smollm2", "prompt": "x", "temperature": NaN}'):
         status, js, _ = live.post("/v1/completions", body)
         assert status == 400 and js["error"]["message"], (body, js)
+    status, js, _ = live.post("/v1/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert status == 400 and "nested too deeply" in js["error"]["message"]
+    with socket.create_connection(("127.0.0.1", live.port)) as s:   # a client gone half-way through its body
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mo")
     try:   # refused from its Content-Length, before it is read: the client may see the reset first
         status, js, _ = live.post("/v1/completions", b"x" * (9 << 20))
         assert status == 413 and "error" in js
@@ -282,6 +286,14 @@ def test_full_queue_gets_429_with_retry_after(guarded):
     stream.close()
     assert status == 429 and js["error"]["type"] == "rate_limit_error"
     assert int(headers["Retry-After"]) >= 1
+
+
+def test_bad_server_options_fail_at_startup(smollm2_path, tmp_path):
+    env = {**os.environ, "SWIFTK_PERSIST": "0"}
+    for args, message in ((["--swift", "max_draft=0"], "max_draft"), (["--host", "999.1.1.1"], "cannot listen on")):
+        out = subprocess.run([sys.executable, "-m", "swiftk.cli", "serve", "--model", str(smollm2_path), *args],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_sigterm_cancels_in_flight_and_exits(smollm2_path):

@@ -68,7 +68,7 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
             raise SwiftkError(f"training source {src!r}: no such file (use 'stdlib', a .jsonl of prompts or a text file)")
         if path.suffix == ".jsonl":
             rows = []
-            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            for i, line in enumerate(_text(path).splitlines()):
                 if not line.strip():
                     continue
                 try:
@@ -87,8 +87,15 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
                 r = eng.generate(text, chat=chat, max_new_tokens=answer_tokens, method="ngram")
                 add(r.prompt_ids + r.token_ids)
         else:
-            add(eng.tokenizer.encode(path.read_text(encoding="utf-8"), add_bos=False))
+            add(eng.tokenizer.encode(_text(path), add_bos=False))
     return out
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SwiftkError(f"training source {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 @torch.inference_mode()

@@ -21,8 +21,11 @@ from typing import Optional, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import methods
+from ..config import updated
+from ..engine import split_options
 from ..errors import SwiftkError
 from ..generate import SamplingParams, check_lengths
 from . import api
@@ -125,6 +128,10 @@ class Server:
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         methods.get(method)
+        split, opt = split_options(dict(options or {}))
+        if opt:
+            raise SwiftkError(f"{', '.join(sorted(opt))}: optimizer options belong to the engine (swiftk.load)")
+        updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
         self.engine, self.model_name, self.method = engine, model_name, method
         self.api_keys = list(api_keys)
         self.options = dict(options or {})
@@ -329,12 +336,17 @@ async def _read_json(request):
     if size is not None and size.isdigit() and int(size) > MAX_BODY:
         raise APIError(413, f"request body over {MAX_BODY >> 20} MiB")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY:
-            raise APIError(413, f"request body over {MAX_BODY >> 20} MiB")
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY:
+                raise APIError(413, f"request body over {MAX_BODY >> 20} MiB")
+    except ClientDisconnect:
+        raise Cancelled from None   # nobody is left to answer
     try:
         return json.loads(body)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
     except ValueError as e:
         raise APIError(400, f"the request body is not valid JSON ({e})") from None
 
