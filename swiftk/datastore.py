@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 import sysconfig
 import threading
@@ -25,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import SwiftkError
+from .errors import SwiftkError, warn
 
 MAX_N = 3
 MIN_COUNT = 2
@@ -181,16 +182,29 @@ def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_
     with _lock:   # threads of one process build it once
         if path.is_file():
             try:
-                return Datastore.load(path)
-            except (OSError, ValueError, KeyError, SwiftkError):
-                pass   # unreadable (e.g. another version's): rebuild over it
+                ds = Datastore.load(path)
+                os.utime(path)   # most recently used: evicted last
+                return ds
+            except Exception:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, another version's): rebuild
+                pass
         ds = Datastore.build(stdlib_ids(tokenizer, max_tokens))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             ds.save(path)
+            _evict(path.parent, keep=MAX_CACHED)
         except OSError as e:   # a read-only cache: keep the tables in memory for this process
             print(f"swiftk: datastore not cached ({e})", file=sys.stderr)
         return ds
+
+
+MAX_CACHED = 4   # corpus tables kept in $SWIFTK_HOME/datastore (~15 MB each), one per tokenizer
+
+
+def _evict(folder: Path, keep: int) -> None:
+    """Delete all but the ``keep`` most recently used tables."""
+    tables = sorted(folder.glob("stdlib-*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in tables[keep:]:
+        old.unlink(missing_ok=True)
 
 
 __all__ = ["Datastore", "stdlib_datastore", "bucket", "N_BUCKETS"]
@@ -199,14 +213,11 @@ __all__ = ["Datastore", "stdlib_datastore", "bucket", "N_BUCKETS"]
 def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> Datastore:
     """The stdlib tables for an engine's tokenizer; an empty table (proposes nothing, built once) with a warning
     when the tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer)."""
-    import warnings
-
     try:
-        ds = stdlib_datastore(tokenizer, str(identity.get("fingerprint") or ""))
+        ds = stdlib_datastore(tokenizer, tokenizer.fingerprint())   # shared by models with one tokenizer
         if ds.max_token() >= vocab_size:
             raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
         return ds
     except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
-        warnings.warn(f"swiftk: no corpus n-grams for this tokenizer ({type(e).__name__}: {str(e)[:200]}); "
-                      "decoding without them")
+        warn(f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); decoding without them")
         return Datastore.build([])

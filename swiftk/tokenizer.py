@@ -249,6 +249,17 @@ class Tokenizer:
             special_ids=special_ids,
         )
 
+    def fingerprint(self) -> str:
+        """A content id of the tokenization (vocabulary, merges, pre-tokenizer, added tokens, eos): two model files
+        with the same tokenizer share what is cached per tokenizer (the corpus tables)."""
+        if getattr(self, "_fingerprint", None) is None:
+            import hashlib
+
+            h = hashlib.sha256(self._tok.to_str().encode("utf-8"))
+            h.update(repr((self.eos_id, self.bos_id, self.add_bos)).encode())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
     # ---- use ----------------------------------------------------------------------------
     def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
         _check_text(text, "text to encode")

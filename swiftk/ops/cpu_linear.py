@@ -17,23 +17,25 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import shutil
 import subprocess
 import threading
-import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from swiftk.errors import SwiftkError
+from swiftk.atomic import write_json_atomic
+from swiftk.errors import SwiftkError, warn
 
 ENV_VAR = "SWIFTK_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
+_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -74,18 +76,51 @@ def _build(src: Path, cxx: str) -> Path:
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(swiftk_home()) / "build"
     out = out_dir / f"cpu_linear-{key}.so"
-    if out.is_file():
-        return out
+    if out.exists() or _sidecar(out).exists():
+        why = _verify(out)
+        if why is None:
+            return out
+        # a truncated or replaced library would crash dlopen or the first call (SIGBUS/SIGSEGV): rebuild it
+        warn(f"swiftk: rebuilding the CPU kernel library {out}: {why}", RuntimeWarning)
+        out.unlink(missing_ok=True)
+        _sidecar(out).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".cpu_linear-{key}.{os.getpid()}.{threading.get_ident()}.so"
     try:
         r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        # sidecar first: a library without its sidecar (or with another's) is never loaded
+        write_json_atomic(_sidecar(out), _digest(tmp))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+    why = _verify(out)   # another process may have replaced either file meanwhile
+    if why is not None:
+        raise RuntimeError(f"{out}: {why}")
     return out
+
+
+def _sidecar(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256.json")
+
+
+def _digest(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _verify(lib: Path):
+    """None when ``lib`` is the file swiftk built (size and hash as its sidecar says); else why not. Checked
+    before every dlopen: ~1 ms for the ~0.2 MB library."""
+    try:
+        want = json.loads(_sidecar(lib).read_text())
+        have = _digest(lib)
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    if not isinstance(want, dict) or want != have:
+        return f"size/sha256 {have['size']}/{have['sha256'][:12]} differ from its sidecar's"
+    return None
 
 
 def _load() -> None:
@@ -105,8 +140,12 @@ def _load() -> None:
         lib = ctypes.CDLL(str(path))
     except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
         _why = f"build failed ({type(e).__name__}: {str(e)[:300]})"
-        warnings.warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning,
-                      stacklevel=3)
+        warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
+        return
+    missing = [s for s in _SYMBOLS if not hasattr(lib, s)]
+    if missing:
+        _why = f"{path} lacks {', '.join(missing)}"
+        warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
         return
     fn = lib.swk_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
