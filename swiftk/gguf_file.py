@@ -124,7 +124,8 @@ def _reader_class():
                 np_type = self.gguf_scalar_to_np.get(item_type)
                 item_size = np.dtype(np_type).itemsize if np_type else 8 if item_type == GGUFValueType.STRING else 12
                 if count * item_size > len(self.data) - orig_offs - 12:
-                    raise ValueError(f"array at byte {orig_offs} claims {count} elements, more than the file holds")
+                    raise _Impossible(f"array at byte {orig_offs} claims {count} elements, more than the file "
+                                      f"holds")
             return super()._get_field_parts(orig_offs, raw_type)
 
     return _PlainViewReader
@@ -153,6 +154,10 @@ def _field_value(field):
     return field.contents()
 
 
+class _Impossible(ValueError):
+    """A size the file cannot hold, found by swiftk's own reader checks (its message is for the user)."""
+
+
 def read_gguf(path) -> GGUFFile:
     """Parse a GGUF file's metadata and tensor index with gguf.GGUFReader; tensor data stays memory-mapped."""
     from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
@@ -174,9 +179,11 @@ def read_gguf(path) -> GGUFFile:
     except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
         if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
-        # the reader's own message is about numpy views, not the file: say what it means for the user
-        raise SwiftkError(f"GGUF {path} is truncated or corrupt: its header or tensor index ends early or holds "
-                          f"impossible sizes ({size} bytes on disk); download it again") from e
+        # the reader's own messages are about numpy views, not the file: say what it means for the user
+        what = str(e) if isinstance(e, _Impossible) else ("its header or tensor index ends early or holds "
+                                                          "impossible sizes")
+        raise SwiftkError(f"GGUF {path} is truncated or corrupt: {what} ({size} bytes on disk); get a fresh "
+                          f"copy") from e
     if reader.byte_order != "I":
         raise SwiftkError(f"GGUF {path.name} has non-native byte order, which swiftk does not support")
     meta = {name: _field_value(f) for name, f in reader.fields.items() if name not in _READER_PSEUDO_FIELDS}

@@ -22,12 +22,15 @@ In-place corruption that keeps size and mtime and spares the three sampled chunk
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,10 +291,16 @@ def pull(name: str, progress: bool = True, force: bool = False, verify: bool = F
     tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        _delete_cached(final)
+        _clean_stale(final.parent)
         open(tmp, "wb").close()  # fail here, before any download, if the cache is not writable
     except OSError as e:
         raise _cache_write_error(e, f"write to {final.parent}") from e
+    # the cached copy (if any) stays until the new one is verified: os.replace below swaps them
+    with _sigterm_interrupts():
+        return _download(name, spec, final, tmp, progress)
+
+
+def _download(name: str, spec: ModelSpec, final: Path, tmp: Path, progress: bool) -> Path:
     bar = None
     try:
         if progress:
@@ -322,6 +331,50 @@ def pull(name: str, progress: bool = True, force: bool = False, verify: bool = F
             bar.close()
         if tmp.exists():
             tmp.unlink()
+
+
+def _clean_stale(folder: Path, age_s: float = 3600) -> None:
+    """Temp files of pulls that died (killed hard, machine off): a dead pid's .partial file, and .wheels-
+    folders left for over an hour."""
+    import shutil
+    import time
+
+    for p in folder.glob("*.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            p.unlink(missing_ok=True)
+    for d in folder.glob(".wheels-*"):
+        if d.is_dir() and time.time() - d.stat().st_mtime > age_s:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM during a download raises KeyboardInterrupt, so the finally blocks remove the temp files and
+    subprocess.run kills the pip child. Only where SIGTERM has its default action (a host's handler is kept)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(sig, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class _HashingWriter:

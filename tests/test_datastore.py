@@ -136,7 +136,7 @@ def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(eng, mon
 
     ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
     monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
-    with pytest.warns(UserWarning, match="no corpus n-grams"):
+    with pytest.warns(UserWarning, match="corpus n-grams unavailable"):
         out = eng.generate("w3 w9 w1", max_new_tokens=12, method="ngram", speculate="always")
     assert out.token_ids == ref and out.stats.accepted_by_source["datastore"] == 0
     assert eng.corpus().max_token() == -1   # kept empty: not rebuilt at every call
