@@ -208,7 +208,8 @@ class Engine:
         drafts only), "moa" (experimental). ``skip_set``: a JSON path, a dict {"attention": [...], "mlp": [...]}
         or a bool tensor [2L]. ``state``: the learned state to use and update (default: the engine's, per
         method). ``proposers``: your own draft sources, objects with ``propose(tokens) -> list[int]``, priced and
-        gated like the built-in free drafts. ``options``: decode options (config.DecodeConfig) for this call.
+        gated like the built-in free drafts; ``callback(piece)`` gets the text as it comes (an exception it raises
+        ends the call and propagates unchanged). ``options``: decode options (config.DecodeConfig) for this call.
         Seeded sampling gives the same tokens for the same (model, dtype, device, prompt, sampling options, seed)
         whatever the method or learned state (coupled sampling).
         """
