@@ -214,7 +214,9 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> Datastore:
     """The stdlib tables for an engine's tokenizer; an empty table (proposes nothing, built once) with a warning
     when the tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer)."""
     try:
-        ds = stdlib_datastore(tokenizer, tokenizer.fingerprint())   # shared by models with one tokenizer
+        # keyed by the tokenizer: shared by model files with one tokenizer (a duck-typed one: by the model file)
+        fp = tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else str(identity.get("fingerprint") or "")
+        ds = stdlib_datastore(tokenizer, fp)
         if ds.max_token() >= vocab_size:
             raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
         return ds
