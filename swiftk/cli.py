@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import methods
 from .errors import SwiftkError
+from .files import check_output_path
 from .registry import DEFAULT_MODEL, MODELS
 
 
@@ -124,18 +125,11 @@ def _parse_kv(items) -> dict:
     return out
 
 
-def _check_output_path(path: str, flag: str) -> None:
-    """Fail before the (slow) load and generation when ``path`` could not be written once they are done."""
-    from .files import check_output_path
-
-    check_output_path(path, flag)
-
-
 def _generate(a) -> int:
     import swiftk
 
     if a.save_skip_set:
-        _check_output_path(a.save_skip_set, "--save-skip-set")
+        check_output_path(a.save_skip_set, "--save-skip-set")
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
     from .engine import split_options
 
@@ -185,8 +179,8 @@ def _optimize(a) -> int:
 
     prompts = read_prompts(a.prompts)
     state = a.state or (a.out + ".state.json")
-    _check_output_path(a.out, "--out")
-    _check_output_path(state, "--state")
+    check_output_path(a.out, "--out")
+    check_output_path(state, "--state")
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
     search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
                            chat=a.chat, state_path=state, seed=a.seed)
@@ -215,7 +209,7 @@ def _train_drafter(a) -> int:
 
     out = Path(a.out) if a.out else trained_drafter_path(eng)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _check_output_path(str(out), "--out")
+    check_output_path(str(out), "--out")
     feats = Path(a.features) if a.features else out.with_name(out.name + ".features")
     man = data.extract(eng, feats, a.data or ["stdlib"], a.tokens, max_tli=max(1, a.tli),
                        answer_tokens=a.answer_tokens, progress=sys.stderr.isatty())

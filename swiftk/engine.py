@@ -252,14 +252,17 @@ class Engine:
         """The engine for one call: other threads wait; a call from inside this call (a callback calling back
         into the engine) would reset the KV cache under it, so it is refused."""
         with self._lock:
-            if self._busy:
-                raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
-                                  "(use another engine, or collect the text and call after generate returns)")
+            self._refuse_reentry()
             self._busy, self._owner = True, threading.get_ident()
             try:
                 yield
             finally:
                 self._busy, self._owner = False, None
+
+    def _refuse_reentry(self) -> None:
+        if self._busy and self._owner == threading.get_ident():
+            raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
+                              "(use another engine, or collect the text and call after generate returns)")
 
     def _state_for(self, key) -> LearnedState:
         """The engine's learned state for a method (key None: SWIFT's, the one that persists); a few kept."""
@@ -355,9 +358,7 @@ class Engine:
         generation at its next token, so the engine is free again."""
         if "callback" in kw or "_cancel" in kw:
             raise SwiftkError("stream() yields the pieces itself; callback is an option of generate()")
-        if self._busy and self._owner == threading.get_ident():
-            raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
-                              "(use another engine, or collect the text and call after generate returns)")
+        self._refuse_reentry()   # the stream's worker would wait forever for the lock this thread holds
         return stream_pieces(self.generate, prompt, **kw)
 
     @torch.inference_mode()

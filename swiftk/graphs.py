@@ -20,12 +20,12 @@ Anything else (prefill, a KVQ exit, partial passes, a cache too small for the pa
 """
 from __future__ import annotations
 
-from .errors import warn
-
 from collections import Counter, OrderedDict
 from typing import Optional
 
 import torch
+
+from .errors import warn
 
 T_BUCKETS = (1, 2, 4, 8, 16, 32)
 S_BUCKET = 256
@@ -123,7 +123,6 @@ class GraphRunner:
             try:
                 g.capture(self._pool)
             except Exception as e:  # a kernel that cannot be captured: stay eager, say why once
-
                 self.stats["capture_failed"] = f"{type(e).__name__}: {e}"
                 warn(f"swiftk: CUDA graph capture failed, decoding eagerly ({self.stats['capture_failed']})",
                      RuntimeWarning)

@@ -101,8 +101,8 @@ def check_layer_count(n_layers: int, names, layer_re: re.Pattern, field: str, wh
                           f"{n_layers}..{top - 1}, which would be left unused: {shown}")
 
 
-def _check_finite(name: str, t: torch.Tensor, where: str) -> None:
-    """NaN or infinite weights decode garbage without any error downstream (cost: see docs/performance.md)."""
+def _check_weights(name: str, t: torch.Tensor, where: str) -> None:
+    """Integer, NaN or infinite weights decode garbage without any error downstream (cost: see docs/design.md)."""
     if not t.is_floating_point():
         raise SwiftkError(f"{where}: tensor {name} has dtype {str(t.dtype).replace('torch.', '')}; weights must be "
                           f"floating point")
@@ -144,7 +144,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
     for hf in want:
         g = _hf_to_gguf_name(hf)
         w = _dequantize(by_name[g], dtype)
-        _check_finite(g, w, f"GGUF {path.name}")
+        _check_weights(g, w, f"GGUF {path.name}")
         if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
             w = _unpermute(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
         tensors[hf] = w
@@ -237,7 +237,7 @@ def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
                     if k in want:
                         t = sf.get_tensor(k)
                         _check_shape(k, t.shape, want[k], f.name)
-                        _check_finite(k, t, f.name)
+                        _check_weights(k, t, f.name)
                         tensors[k] = t.to(dtype)
                     elif k == "lm_head.weight":
                         lm_head = k

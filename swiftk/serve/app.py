@@ -145,7 +145,7 @@ class Server:
 
         @app.exception_handler(HTTPException)
         async def http_error(request, exc):   # unknown route, wrong method: OpenAI's error shape too
-            return error(APIError(exc.status_code, str(exc.detail)))
+            return _error_response(APIError(exc.status_code, str(exc.detail)))
 
         @app.get("/health")
         async def health():
@@ -177,12 +177,8 @@ class Server:
             try:
                 return JSONResponse(fn(self._authorize(request)))
             except APIError as e:
-                return error(e)
+                return _error_response(e)
 
-        def error(e: APIError):
-            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-        self._error = error
         return app
 
     def _model_card(self) -> dict:
@@ -216,7 +212,7 @@ class Server:
                     job.cancel.set()   # the client is gone: free the engine at the next token
             return JSONResponse(api.response(chat, rid, self.model_name, _finished(fut.result()), job.queue_s))
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
-            return self._error(_as_api_error(e))
+            return _error_response(_as_api_error(e))
 
     async def _events(self, job: Job, rid: str, chat: bool, fut, q: asyncio.Queue, include_usage: bool):
         name = self.model_name
@@ -313,6 +309,10 @@ def _finished(result):
     if result.finish_reason == "cancelled":
         raise Cancelled
     return result
+
+
+def _error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 def _as_api_error(e: Exception) -> APIError:
