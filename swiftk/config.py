@@ -294,9 +294,12 @@ class DecodeConfig:
     kvq: bool = _opt(False, bool, help="reuse the draft's exact KV/residual below the first skipped layer")
     speculate: str = _opt("auto", str, choices=("auto", "always"),
                           help="auto: draft only when the cost model expects it to pay; always: every round (paper)")
-    ngram: bool = _opt(True, bool, help="add prompt-lookup (n-gram) candidates from the context to the tree")
-    history: bool = _opt(True, bool, help="add the continuation of the context's tail in this state's earlier "
-                         "outputs (ngram.OutputHistory: what the model generated for earlier prompts) to the tree")
+    ngram: bool = _opt(True, bool, help="add the continuations of the context's tail where it occurred earlier in "
+                       "the context (prompt lookup at any match length, suffix.SuffixIndex) to the tree")
+    history: bool = _opt(True, bool, help="add the continuations of the context's tail in this state's earlier "
+                         "outputs (suffix.OutputHistory: what the model generated for earlier prompts) to the tree")
+    recycle: bool = _opt(True, bool, help="add Token Recycling candidates (the target's own top-k after each token "
+                         "the last time it read it, proposers/recycle.py) to the tree")
     datastore: bool = _opt(True, bool, help="add corpus n-gram candidates (tables over the Python stdlib's source, "
                            "swiftk/datastore.py) to the tree where the context has nothing better")
     draft_vocab: int = _opt(8192, int, 0, help="draft logits over this many frequent tokens plus every token of "

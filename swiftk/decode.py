@@ -14,13 +14,14 @@ import torch
 from .acceptance import accept_tree
 from .proposers.base import Context
 from .session import Session
-from .tree import build_tree
+from .tree import Chain, build_tree
 
 
 def speculative_decode(s: Session, drafter, sources: list):
     """Decode with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None) and the free
     ``sources`` (proposers.base.FreeSource) until the sink stops. Returns the call's DecodeStats."""
     owners = {src.name: src for src in sources}
+    learners = [src for src in sources if src.learns]   # Token Recycling: the target's scores after each token
     if drafter is not None:
         owners[drafter.name] = drafter
     costs, gate = s.costs, s.gate
@@ -32,7 +33,7 @@ def speculative_decode(s: Session, drafter, sources: list):
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
             levels = drafter.propose(s) if drafter is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
-            chains = [c for src in sources if (c := src.propose(ctx)) is not None and c.tokens]
+            chains = [c for src in sources for c in _chains(src.propose(ctx))]
         t_draft = time.perf_counter() - t
         tree = None
         if levels or chains:
@@ -45,13 +46,18 @@ def speculative_decode(s: Session, drafter, sources: list):
         t = s.timer.add("draft", t)
 
         if tree is None or tree.size == 1:
-            s.plain_step(phase)
+            root = s.tokens[-1]
+            logits = s.plain_step(phase)
+            for src in learners:
+                src.learn(torch.tensor([root]), logits)
             if levels:   # drafted, but no node was worth verifying: a round slower than a plain step
                 gate.drafted(costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(1)))
             continue
 
         logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
         path, bonus = accept(s, tree, logits)
+        for src in learners:
+            src.learn(tree.tokens[path], logits[path])
         t_verify = s.timer.add("verify", t) - t
         costs.observe_verify(tree.size, t_verify)
         for i, hit in tree.outcomes(path.tolist()):
@@ -66,6 +72,15 @@ def speculative_decode(s: Session, drafter, sources: list):
     if drafter is not None:
         drafter.finish(s.stats)
     return s.finish()
+
+
+def _chains(proposal) -> list:
+    """A source's proposal as a list of non-empty chains (it may return one Chain, a list of them, or None)."""
+    if proposal is None:
+        return []
+    if isinstance(proposal, Chain):
+        return [proposal] if proposal.tokens else []
+    return [c for c in proposal if c is not None and c.tokens]
 
 
 def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:

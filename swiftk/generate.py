@@ -248,13 +248,18 @@ def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
 
 def plain_step(model, cache, token: int, sampler: Sampler) -> int:
     """One autoregressive step: ``token`` goes into the cache, the next token comes back."""
+    return step_logits(model, cache, token, sampler)[0]
+
+
+def step_logits(model, cache, token: int, sampler: Sampler) -> tuple:
+    """:func:`plain_step` that also returns the target's scores [1, V] for the next position."""
     dev = model.device
     n = cache.length
     pos = torch.tensor([n], device=dev)
     logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache, start=n)
     cache.advance(1)
     sampler.release(n + 1)
-    return sampler.pick(logits[0], n + 1)
+    return sampler.pick(logits[0], n + 1), logits
 
 
 def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:

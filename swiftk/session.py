@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from .costs import CostModel, Gate
-from .generate import DecodeStats, Sampler, Timer, TokenSink, plain_step, prefill
+from .generate import DecodeStats, Sampler, Timer, TokenSink, prefill, step_logits
 from .tree import DRAFT, ROOT
 
 
@@ -43,10 +43,12 @@ class Session:
         self.timer.add("verify", t)
         self.done = self.sink.push(self.tokens[-1])
 
-    def plain_step(self, phase: str) -> None:
-        """The cheapest way to the next token when no draft pays."""
+    def plain_step(self, phase: str):
+        """The cheapest way to the next token when no draft pays. Returns the target's scores [1, V] after the
+        token it read (the old root)."""
         t0 = time.perf_counter()
-        self.tokens.append(plain_step(self.model, self.cache, self.tokens[-1], self.sampler))
+        tok, logits = step_logits(self.model, self.cache, self.tokens[-1], self.sampler)
+        self.tokens.append(tok)
         st = self.stats
         st.decoding_steps += 1
         st.plain_steps += 1
@@ -54,6 +56,7 @@ class Session:
             st.phases.append("plain" if phase == "accelerate" else phase)
         self.done = self.sink.push(self.tokens[-1])
         self.costs.observe_step(self.timer.add("verify", t0) - t0)
+        return logits
 
     def commit(self, tree, path, bonus: int, phase: str, t_draft: float, t_verify: float, n_levels: int) -> None:
         """The accepted path's KV into the committed prefix, its tokens and the bonus into the sequence."""

@@ -20,7 +20,7 @@ from .atomic import write_json_atomic
 from .config import OptimizerConfig
 from .errors import SwiftkError, warn
 from .files import read_json
-from .ngram import OutputHistory
+from .suffix import OutputHistory
 from .optimizer import SkipSetOptimizer
 from .proposers.base import Estimates
 
@@ -68,6 +68,7 @@ class LearnedState:
         self.gate = GateMemory()
         self.estimates: dict = {}           # free source name -> Estimates (those with carries = True)
         self.history = OutputHistory()      # the outputs decoded with this state (in memory only, never saved)
+        self._successors = None             # Token Recycling's table (in memory only), made at first use
         self.tokens_seen = 0
         self.time_decode_s = 0.0            # wall time decoded with this state (the search budget's base)
         self.time_optimize_s = 0.0
@@ -86,6 +87,14 @@ class LearnedState:
         self.skip_set = skip
         if not optimize:
             self.optimizer.finish()
+
+    def successors(self, vocab: int):
+        """Token Recycling's successor table for a ``vocab``-token model (made at first use; in memory only)."""
+        from .proposers.recycle import SuccessorTable
+
+        if self._successors is None or self._successors.table.shape[0] != vocab:
+            self._successors = SuccessorTable(vocab)
+        return self._successors
 
     def source_estimates(self, name: str, make: Callable[[], Estimates]) -> Estimates:
         """The carried estimates of free source ``name`` (made by ``make`` at first use, or after a saved table of

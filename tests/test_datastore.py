@@ -106,7 +106,7 @@ def test_corpus_drafts_are_verified_like_any_draft(eng, sampling):
     eng.use_corpus(Datastore.build((ref.prompt_ids + ref.token_ids) * 2))
     for method in ("ngram", "swift"):
         out = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False, ngram=False,
-                           history=False, **kw)
+                           history=False, recycle=False, **kw)
         assert out.token_ids == ref.token_ids
         assert out.stats.accepted_by_source["datastore"] > 0
         off = eng.generate(prompt, max_new_tokens=40, method=method, speculate="always", optimize=False,

@@ -39,7 +39,7 @@ ALWAYS = {"speculate": "always", "eps": 0.0}
 
 def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     ref = ar(eng)
-    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, history=False, **ALWAYS)
+    out = eng.generate(PROMPT, max_new_tokens=40, max_draft=1, optimize=False, ngram=False, history=False, recycle=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.drafted_tokens <= out.stats.rounds  # max_draft
     out = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, trace=True, **ALWAYS)
     assert out.token_ids == ref and max(out.stats.tree_sizes) <= 3                 # max_tree_nodes
@@ -48,27 +48,29 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
         out.stats.mean_accepted_length)
     plain = eng.generate(PROMPT, max_new_tokens=40, max_tree_nodes=3, optimize=False, **ALWAYS).stats
     assert plain.rounds and not (plain.tree_sizes or plain.accept_lengths or plain.phases)
-    out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, speculate="always",
+    out = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, recycle=False, speculate="always",
                        eps=1.0)
     assert out.token_ids == ref and out.stats.drafted_tokens == out.stats.rounds   # eps: stop after one step
-    chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, max_draft=4,
+    chains = eng.generate(PROMPT, max_new_tokens=40, optimize=False, ngram=False, history=False, recycle=False, max_draft=4,
                           topk_greedy=((0.0, 1),), trace=True, **ALWAYS)
     assert all(t <= 5 for t in chains.stats.tree_sizes)                            # topk_greedy: chains only
     ng = eng.generate(PROMPT, max_new_tokens=40, method="ngram", speculate="always")
     assert ng.token_ids == ref and ng.stats.skip_set is None                        # method="ngram": no layer draft
     out = eng.generate(PROMPT, max_new_tokens=40, ngram=False, optimize=False, **ALWAYS)
     assert out.stats.accepted_by_source["ngram"] == 0                               # ngram=False
+    out = eng.generate(PROMPT, max_new_tokens=40, recycle=False, optimize=False, **ALWAYS)
+    assert out.token_ids == ref and out.stats.accepted_by_source["recycle"] == 0    # recycle=False
     out = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.accepted_by_source["history"] > 0     # earlier calls' outputs
     assert out.stats.accepted_by_source["ngram"] == 0                               # (ngram=False, method ngram)
     out = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, datastore=False, history=False,
-                       **ALWAYS)
+                       recycle=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.accepted_by_source["history"] == 0    # history=False
     assert out.stats.rounds == 0                                                    # no source left: plain steps
     from swiftk.datastore import Datastore
     eng.use_corpus(Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2))   # a corpus that knows the answer
-    on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, **ALWAYS)
-    off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, datastore=False,
+    on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, recycle=False, **ALWAYS)
+    off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, recycle=False, datastore=False,
                        **ALWAYS)
     assert on.token_ids == off.token_ids == ref                                     # datastore
     assert on.stats.accepted_by_source["datastore"] > 0 == off.stats.accepted_by_source["datastore"]
@@ -101,7 +103,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
 
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(DecodeConfig)])
 def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
-    bad = {"max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
+    bad = {"recycle": "yes", "max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
            "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
            "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0, "trace": "on"}[field]
     with pytest.raises(SwiftkError, match=field):
@@ -164,8 +166,8 @@ def test_gate_drafts_when_drafting_is_free(eng):
 
 
 def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(eng):
-    """A verify pass must promise more than the cost model's error; two n-gram misses at a match length stop it
-    being verified on a CPU whose 2-token verify costs 1.3 steps."""
+    """A verify pass must promise more than the cost model's error; two context misses at a key (a match length,
+    a kind of continuation) stop it being verified on a CPU whose 2-token verify costs 1.3 steps."""
     from swiftk.costs import Gate
     from swiftk.proposers import ContextNgrams
     from swiftk.state import GateMemory
@@ -176,14 +178,16 @@ def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(e
     assert gate.tree_size(0.0, [0.35]) == 1          # (1 + 0.35) / 1.3: +3.8% predicted, worth a verify pass
     assert gate.tree_size(0.0, [0.33]) == 0          # +2.3%: within the model's error, a plain step instead
     assert gate.tree_size(0.0, [0.25]) == 0          # slower than plain
-    st = ContextNgrams().est
-    p0 = st.prob(4)
+    from swiftk.proposers.context import node_key
+
+    st, key = ContextNgrams().est, node_key(3, 1, 1)   # a 3-token match seen once before
+    p0 = st.prob(key)
     for _ in range(2):
-        st.observe(4, False)
-    assert p0 > 0.3 and st.prob(4) < 0.3       # from worth verifying to not, in two misses
-    st.observe(4, True)
-    st.observe(4, True)
-    assert st.prob(4) > 0.45                   # and back when the text starts repeating
+        st.observe(key, False)
+    assert p0 > 0.33 and st.prob(key) < 0.3    # from worth verifying to not, in two misses
+    st.observe(key, True)
+    st.observe(key, True)
+    assert st.prob(key) > 0.45                 # and back when the text starts repeating
     # below break-even a free chain is still verified now and then (a probe): it is how the estimate can recover
     gate = Gate(c, GateMemory(), DecodeConfig().validate())
     sizes = [gate.free_size(0.0, [0.1]) for _ in range(8)]
@@ -226,19 +230,20 @@ def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
     """The tree's root is the pending token (sampled, not yet in the cache): an n-gram proposal hangs under it, so
     the index it is looked up in must end with that token. (It once ended one token earlier: every proposal was a
     guess for the root itself, and MT-Bench's extraction prompt, a verbatim copy, accepted nothing.)"""
-    from swiftk.ngram import NgramIndex
+    from swiftk.proposers.context import ContextNgrams
 
-    seen, orig_propose, orig_build = [], NgramIndex.propose, decode_mod.build_tree
+    seen, orig_propose, orig_build = [], ContextNgrams.match, decode_mod.build_tree
 
-    def propose(self, *a, **kw):
-        seen.append(["index", self.tokens[-1]])
-        return orig_propose(self, *a, **kw)
+    def propose(self, ctx):
+        out = orig_propose(self, ctx)
+        seen.append(["index", self.index.tokens[-1]])
+        return out
 
     def build_tree(root, *a, **kw):
         seen[-1].append(root)
         return orig_build(root, *a, **kw)
 
-    monkeypatch.setattr(NgramIndex, "propose", propose)
+    monkeypatch.setattr(ContextNgrams, "match", propose)
     monkeypatch.setattr(decode_mod, "build_tree", build_tree)
     ref = ar(eng, n=48)
     out = eng.generate(PROMPT, max_new_tokens=48, method=method, speculate="always", optimize=False)
@@ -247,26 +252,29 @@ def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
     assert len(rounds) >= 10 and all(last == root for _, last, root in rounds)
 
 
-def test_ngram_estimates_restart_with_each_prompt(eng, monkeypatch):
-    """Repetition is a property of the text: what earlier prompts taught the context n-gram estimates and the
-    probing must not keep the next prompt (say, an extraction question copying from its prompt) from verifying
-    its n-grams. Each call starts from the prior; the layer-skip calibration (the skip set's) is kept."""
+def test_context_estimates_are_the_states_and_a_low_one_still_probes(eng, monkeypatch):
+    """The context source's estimates, keyed by match length and consistency, belong to the learned state (what a
+    long match is worth is the model's and the traffic's, not one text's). A key that earlier prompts drove below
+    the gate's floor still proposes its first node, so a probe can find that the text repeats now (an extraction
+    question copying from its prompt after chat prompts that never repeat)."""
     from swiftk.proposers import ContextNgrams
+    from swiftk.proposers.base import Context
 
     made, orig = [], ContextNgrams.__init__
 
     def init(self, estimates=None):
         orig(self, estimates)
-        made.append((self, self.est.to_dict()))
+        made.append(self)
 
     monkeypatch.setattr(ContextNgrams, "__init__", init)
-    calib = eng.state.calibration
-    eng.generate(PROMPT, max_new_tokens=32, method="ngram", history=False, datastore=False, speculate="always")
-    eng.generate("def f(x):", max_new_tokens=8, method="swift")
-    prior = ContextNgrams.new_estimates().to_dict()
-    assert len(made) == 2 and all(snap == prior for _, snap in made)
-    assert made[0][0].est.to_dict() != prior and made[0][0].est is not made[1][0].est   # learned, then fresh
-    assert eng.state.calibration is calib
+    eng.generate(PROMPT, max_new_tokens=32, history=False, datastore=False, speculate="always")
+    eng.generate("def f(x):", max_new_tokens=8)
+    assert len(made) == 2 and made[0].est is made[1].est is eng.state.estimates["ngram"]
+    for key in range(len(made[0].est)):   # every key far below the floor
+        for _ in range(60):
+            made[0].est.observe(key, False)
+    chains = ContextNgrams(made[0].est).propose(Context([5, 6, 7, 8, 5, 6, 7], 4, 0.05))
+    assert [c.tokens for c in chains] == [[8]]   # only the probe node
 
 
 @pytest.mark.parametrize("matchness, drafts", [(None, False), (0.0, False), (1.0, True)])

@@ -53,7 +53,7 @@ class RandomTokens:
 
 
 def _free_off():
-    return dict(ngram=False, history=False, datastore=False)
+    return dict(ngram=False, history=False, datastore=False, recycle=False)
 
 
 def test_an_oracle_proposer_is_accepted_and_output_is_unchanged(eng):
@@ -143,9 +143,9 @@ def test_learned_state_round_trips_completely_and_carries_only_what_outlives_a_p
     for _ in range(3):   # history and corpus estimates learn; so do the calibration, the gate and the search
         eng.generate(PROMPT, max_new_tokens=48, speculate="always")
     d = eng.state.to_dict(eng.identity)
-    assert set(d["estimates"]) == {"history", "datastore"}      # context n-grams belong to one text: not saved
+    assert set(d["estimates"]) == {"ngram", "history", "recycle", "datastore"}
     prior = {n: cls.new_estimates().to_dict() for n, cls in (("history", swiftk.proposers.SessionHistory),
-                            ("datastore", swiftk.proposers.CorpusNgrams))}
+                            ("datastore", swiftk.proposers.CorpusNgrams), ("ngram", swiftk.proposers.ContextNgrams))}
     assert all({k: d["estimates"][n][k] for k in ("hits", "tries")} != prior[n] for n in prior)   # they learned
     back = LearnedState.from_dict(json.loads(json.dumps(d)), eng.identity, eng.config.n_layers)
     assert back.to_dict(eng.identity) == d

@@ -89,6 +89,8 @@ def _sample_pairs(eng, prompt, n, temperature, method="swift", **kw):
         a, b = out.token_ids
         counts[a * V + b] += 1
         stats["accepted"] += out.stats["accepted_tokens"]
+        for src, k in out.stats.accepted_by_source.items():
+            stats[src] = stats.get(src, 0) + k
     return counts, stats
 
 
@@ -120,6 +122,25 @@ def test_moa_sampling_matches_target_joint(engine, rule, tmp_path):
     exact = _exact_joint(engine, prompt, 1.0).flatten()
     counts, st = _sample_pairs(engine, prompt, 3000, 1.0, method="moa", sampling=rule, ngram=True)
     assert st["accepted"] > 0, "no draft token was ever accepted: the test would not exercise acceptance"
+    assert _chi2_pvalue(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("method", ["ngram", "swift"])
+def test_free_sources_sampling_matches_target_joint(engine, method):
+    """The same statistic with the free sources in the tree, alone ("ngram") and beside the layer-skip draft:
+    context continuations (the prompt repeats), the session's earlier outputs and Token Recycling's successor
+    table, all carried by one learned state that keeps learning between samples. (Coupled sampling: tree
+    rejection sampling has no rule for deterministic drafts, so it decodes without them.)"""
+    st = engine.new_state()
+    prompt = [3, 7, 3, 7, 3]
+    for seed in range(20):   # fill the successor table and the history
+        engine.generate(prompt, max_new_tokens=12, method="ngram", temperature=1.0, seed=1000 + seed, state=st)
+    exact = _exact_joint(engine, prompt, 1.0).flatten()
+    # the layer draft: one candidate, one step, so free nodes get tree room beside it
+    kw = {"max_draft": 1, "topk_sampling": ((0.0, 1),)} if method == "swift" else {}
+    counts, got = _sample_pairs(engine, prompt, 3000, 1.0, method=method, state=st, **kw)
+    assert got.get("recycle", 0) > 0 and got.get("ngram", 0) + got.get("history", 0) > 0, got
+    assert method == "ngram" or got["draft"] > 0, got
     assert _chi2_pvalue(counts, exact) > 1e-3
 
 

@@ -1,13 +1,14 @@
 """Draft sources. A model drafter (layerskip.LayerSkipDraft; swiftk.moa's) proposes levels of candidates from
-model passes; a free source (base.FreeSource) proposes a chain from a lookup. Both learn from what the verify
+model passes; a free source (base.FreeSource) proposes chains (a tree) from a lookup. Both learn from what the verify
 pass accepts. The built-in free sources are listed in ``FREE``: adding one is a new module here plus one line.
 """
 from __future__ import annotations
 
-from .base import Chain, Context, Estimates, FreeSource, useful  # noqa: F401
+from .base import Chain, Context, Estimates, FreeSource, best_first, useful  # noqa: F401
 from .context import ContextNgrams
 from .corpus import CorpusNgrams
 from .history import SessionHistory
+from .recycle import TokenRecycling
 from .user import UserProposer  # noqa: F401
 
 # name -> (its DecodeConfig switch, its class, how one call makes it: (engine, state, estimates) -> source, or None
@@ -16,6 +17,8 @@ FREE = {
     "ngram": ("ngram", ContextNgrams, lambda eng, state, est: ContextNgrams(est)),
     "history": ("history", SessionHistory,
                 lambda eng, state, est: SessionHistory(state.history, est) if len(state.history) else None),
+    "recycle": ("recycle", TokenRecycling,
+                lambda eng, state, est: TokenRecycling(state.successors(eng.config.vocab_size), est)),
     "datastore": ("datastore", CorpusNgrams, lambda eng, state, est: CorpusNgrams(eng.corpus(), est)),
 }
 

@@ -2,7 +2,8 @@
 
 A *free* source (no model pass: context n-grams, the session's earlier outputs, a corpus, a user object) implements
 
-    propose(ctx: Context) -> Chain | None     # a continuation of ctx.tokens (whose last token is the tree's root)
+    propose(ctx: Context) -> Chain | list[Chain] | None   # continuations of ctx.tokens (its last token is the
+                                                          # tree's root); a list shares prefixes: a tree
     observe(key, hit)                         # node ``key`` of an earlier chain was (not) accepted, its parent was
 
 and owns an :class:`Estimates` table: per key (match length, depth, ...) the chance that a proposed token is
@@ -12,9 +13,10 @@ call (``carries = True``) keeps them in the learned state, which persists them; 
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..errors import SwiftkError
 from ..tree import Chain  # noqa: F401  (re-exported: what a source proposes)
@@ -74,6 +76,7 @@ class FreeSource:
     name = "free"
     prior: Sequence[float] = (0.3,)
     carries = False
+    learns = False   # True: ``learn(tokens, logits)`` gets the target's scores after every committed token
 
     def __init__(self, estimates: Optional[Estimates] = None):
         self.est = estimates if estimates is not None else self.new_estimates()
@@ -87,6 +90,9 @@ class FreeSource:
 
     def observe(self, key: int, hit: bool) -> None:
         self.est.observe(key, hit)
+
+    def learn(self, tokens, logits) -> None:
+        """``tokens`` [n] were read by the target, which scored ``logits`` [n, V] for the position after each."""
 
     def chain(self, tokens: list, key: int, ctx: Context) -> Optional[Chain]:
         """``tokens`` all filed under one key, cut where they stop paying (see :func:`useful`)."""
@@ -104,3 +110,41 @@ def useful(p: float, k: int, floor: float) -> int:
     if p <= 0.0:
         return min(k, 1)
     return max(min(k, 1), min(k, int(math.log(floor) / math.log(p) + 1e-9)))
+
+
+def best_first(root, expand: Callable, max_nodes: int, max_depth: int, floor: float, source: str) -> list:
+    """The ``max_nodes`` likeliest nodes of a draft tree, grown from ``root`` best first, as root-to-leaf Chains.
+
+    ``expand(handle, depth)`` lists a node's children as (token, handle, p, key), p the chance the child is accepted
+    given its parent was; a node's value is the product of p along its path, and nodes below ``floor`` (the gate's
+    floor) or deeper than ``max_depth`` are never built -- except the root's first child: the gate's probes verify
+    a declined proposal now and then, which is how an estimate that fell below the floor learns that the text
+    changed (see :func:`useful`). The kept set is closed under ancestors by construction."""
+    nodes: list = []   # (token, parent node or -1, p, key), parents first
+    heap: list = []    # candidates: (-value, tiebreak, token, parent node, handle, depth, p, key)
+
+    def offer(handle, parent: int, value: float, depth: int) -> None:
+        for rank, (tok, child, p, key) in enumerate(expand(handle, depth)):
+            if value * p >= floor or (parent < 0 and rank == 0):
+                heapq.heappush(heap, (-value * p, len(heap) + len(nodes), tok, parent, child, depth + 1, p, key))
+
+    if max_nodes > 0 and max_depth > 0:
+        offer(root, -1, 1.0, 0)
+    inner = set()
+    while heap and len(nodes) < max_nodes:
+        negv, _, tok, parent, handle, depth, p, key = heapq.heappop(heap)
+        nodes.append((tok, parent, p, key))
+        inner.add(parent)
+        if depth < max_depth:
+            offer(handle, len(nodes) - 1, -negv, depth)
+    chains = []
+    for leaf in range(len(nodes)):
+        if leaf in inner:
+            continue
+        path, n = [], leaf
+        while n >= 0:
+            path.append(nodes[n])
+            n = nodes[n][1]
+        path.reverse()
+        chains.append(Chain([x[0] for x in path], [x[2] for x in path], source, [x[3] for x in path]))
+    return chains

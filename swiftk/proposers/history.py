@@ -1,23 +1,26 @@
-"""The session's earlier outputs: the continuation of the sequence's tail in what the model generated for
-earlier prompts (SuffixDecoding's idea, with an n-gram index). A model repeats itself from answer to answer --
-closing lines, test scaffolds, greetings."""
+"""The session's earlier outputs: the continuation of the sequence's tail in what the model generated for earlier
+prompts (SuffixDecoding's idea). A model repeats itself from answer to answer -- closing lines, test scaffolds,
+greetings. Same automaton and pricing as the context source; the match is a walk over the current sequence."""
 from __future__ import annotations
 
 from typing import Optional
 
-from ..ngram import OutputHistory
-from .base import Chain, Context, FreeSource
+from ..suffix import Matcher, OutputHistory
+from .base import Context
+from .context import SuffixDraft
 
 
-class SessionHistory(FreeSource):
+class SessionHistory(SuffixDraft):
     name = "history"
-    prior = tuple(min(0.4, 0.1 * max(n, 1)) for n in range(5))   # per match length
-    carries = True    # how much a model repeats itself across answers belongs to the traffic, not to one text
 
     def __init__(self, history: OutputHistory, estimates=None):
         super().__init__(estimates)
-        self.history = history
+        self.history, self.version = history, history.version
+        self.matcher = Matcher(history.index)
 
-    def propose(self, ctx: Context) -> Optional[Chain]:
-        hp = self.history.propose(ctx.tokens[-self.history.max_n:], ctx.k)
-        return self.chain(hp.tokens, hp.n, ctx) if hp is not None else None
+    def match(self, ctx: Context) -> Optional[tuple]:
+        if self.history.version != self.version:   # rebuilt since this call began (another thread's call ended)
+            self.version, self.matcher = self.history.version, Matcher(self.history.index)
+        m = self.matcher
+        m.feed(ctx.tokens[m.fed:])
+        return (m.index, m.state, m.matched) if m.matched else None
