@@ -61,7 +61,7 @@ PAPER_OPTIONS = {"speculate": "always", "ngram": False, "history": False, "datas
 DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, NOHIST, WARM, SAVED, PAPER, NGRAM, PLD, MOA, "swiftk-ee", "hf-ee",
                    HF_PLD)  # "*-ee": one per E
 # swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
-WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift")
+WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift", "edit", "chat", "multiturn")
 
 
 # ---------------------------------------------------------------- small shared helpers (ar_vs_hf uses them too)
@@ -177,24 +177,31 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True):
 # ---------------------------------------------------------------- prompts
 
 
-def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int) -> dict:
-    """workload -> list of {id, category, text, chat, ids}. HumanEval is raw completion, MT-Bench turn 1 chat."""
+def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int, max_new_tokens: int = 128) -> dict:
+    """workload -> list of {id, category, text, chat, ids}. HumanEval is raw completion; the others go through the
+    chat template. ``multiturn`` decodes each MT-Bench turn-1 answer first (greedy, ``max_new_tokens``, swiftk
+    autoregressive) and asks turn 2 after it; edit and chat take ``n_humaneval`` items."""
     from bench import workloads as W
 
     out = {}
     for w in workloads:
         if w == "humaneval":
             items = W.humaneval(n_humaneval)
-        elif w == "mtbench":
+        elif w in ("mtbench", "multiturn"):
             items = W.mtbench(n_mtbench)
         elif w == "domain_shift":
             items = W.domain_shift_stream(n_mtbench, n_humaneval)
+        elif w in ("edit", "chat"):
+            items = W.WORKLOADS[w](n_humaneval)
         else:
             raise SwiftkError(f"unknown workload {w!r}; use {', '.join(WORKLOAD_NAMES)}")
         rows = []
         for it in items:
             chat = it["category"] != "humaneval"
             text = it["turns"][0]
+            if w == "multiturn":
+                first = eng.generate(text, chat=True, method="autoregressive", max_new_tokens=max_new_tokens).text
+                text = W.multiturn_messages(it, first)
             rows.append({"id": it["id"], "category": it["category"], "text": text, "chat": chat,
                          "ids": eng.encode_prompt(text, chat=chat)})
         out[w] = rows
@@ -505,7 +512,7 @@ def run(a) -> int:
     tag = f"{eng.identity.get('name') or Path(a.model).stem}_{a.dtype}_{device_kind(dev)}_{date:%Y%m%d-%H%M%S}"
     print(f"# {tag}: {len(methods)} methods: {', '.join(methods)}; threads={threads}; load {load_s:.1f}s")
 
-    prompts = build_prompts(eng, workloads, a.n, a.n_mtbench or a.n)
+    prompts = build_prompts(eng, workloads, a.n, a.n_mtbench or a.n, a.max_new_tokens)
 
     # Warm-up: first calls pay one-off costs (allocations, lazy imports, the SWIFT tree budget measurement).
     wid = prompts[workloads[0]][0]["ids"]

@@ -13,15 +13,22 @@ from __future__ import annotations
 import time
 
 
-def load_llamacpp(gguf_path, threads: int, n_ctx: int = 2048):
-    """(Llama, None) or (None, why it is unavailable)."""
+def load_llamacpp(gguf_path, threads: int, n_ctx: int = 2048, prompt_lookup: int = 0):
+    """(Llama, None) or (None, why it is unavailable). ``prompt_lookup`` > 0: llama-cpp-python's prompt-lookup
+    speculation (``LlamaPromptLookupDecoding``, n-grams of the context up to 2 tokens by default) proposing that
+    many tokens per step, verified by llama.cpp in one batch."""
     try:
         from llama_cpp import Llama
     except ImportError as e:
         return None, f"llama-cpp-python not installed ({e})"
+    draft = None
+    if prompt_lookup:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
     try:
         llm = Llama(model_path=str(gguf_path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                    n_batch=512, verbose=False)
+                    n_batch=512, verbose=False, draft_model=draft)
     except Exception as e:  # noqa: BLE001 -- any load failure makes the peer unavailable, with the reason
         return None, f"llama.cpp cannot load {gguf_path}: {e}"
     return llm, None

