@@ -7,7 +7,7 @@ model's own turn-1 answer in context. Arms are interleaved prompt by prompt in o
 
 Arms: ``swiftk-ar`` (autoregressive), ``swiftk`` (the default ``generate``), ``swiftk-pld`` (prompt lookup
 alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``, ``llamacpp-pld``
-(``LlamaPromptLookupDecoding``, 10 tokens). swiftk's speculative arms each keep one learned state per workload
+(``LlamaPromptLookupDecoding``, 2 tokens per step: its advice for CPUs). swiftk's speculative arms each keep one learned state per workload
 (history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
 fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
 reported, never a losslessness check. Writes bench/results/drafting_<model>_<date>.md and .json.
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     gguf = resolve_model(a.model)
     peers, why = {}, "--no-llamacpp"
     if not a.no_llamacpp:
-        for arm, pl in (("llamacpp-ar", 0), ("llamacpp-pld", 10)):
+        for arm, pl in (("llamacpp-ar", 0), ("llamacpp-pld", 2)):   # 2: what llama-cpp-python advises on CPU
             llm, why = load_llamacpp(gguf, threads, n_ctx=4096, prompt_lookup=pl)
             if llm is not None:
                 peers[arm] = llm
