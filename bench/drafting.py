@@ -1,7 +1,8 @@
 """Free drafting end to end: swiftk's default against its own autoregressive decoding and against llama.cpp (plain
 and with prompt-lookup speculation, llama-cpp-python) on the same GGUF file with the same threads, on the workloads
 where drafting matters: HumanEval, MT-Bench (turn 1; per category), edits, code chat, MT-Bench turn 2 with the
-model's own turn-1 answer in context. Arms are interleaved prompt by prompt in one process.
+model's own turn-1 answer in context. Arms are interleaved prompt by prompt in one process. Wall times include
+the prefill; "decode only" takes a separately timed prefill (+1 token) out of both sides.
 
     python -m bench.drafting --model smollm2-135m --n 8 --n-mtbench 2 --max-new-tokens 128
 
@@ -68,6 +69,9 @@ def main(argv=None) -> int:
         states = {"swiftk": eng.new_state(), "swiftk-pld": eng.new_state()}
         for it in items:
             row = {"workload": w, "id": it["id"], "category": it["category"], "prompt_tokens": len(it["ids"])}
+            t = time.perf_counter()   # prefill + one token: what no draft can speed up
+            eng.generate(it["ids"], max_new_tokens=1, method="autoregressive")
+            row["prefill_s"] = time.perf_counter() - t
             for arm in ARMS:
                 if arm.startswith("llamacpp"):
                     if arm in peers:
@@ -116,6 +120,9 @@ def aggregate(runs: list) -> dict:
         g = {arm: _rate(rows, arm)[0] for arm in ARMS}
         ar, lar = g["swiftk-ar"], g["llamacpp-ar"]
         g["n"] = len(rows)
+        pre = sum(r.get("prefill_s", 0.0) for r in rows)
+        ar_w, sw_w = _rate(rows, "swiftk-ar")[2], _rate(rows, "swiftk")[2]
+        g["decode_only"] = (ar_w - pre) / (sw_w - pre) if pre and sw_w > pre else None
         g["swiftk/ar"] = g["swiftk"] / ar if ar else None
         g["pld/ar"] = g["swiftk-pld"] / ar if ar else None
         g["llamacpp-pld/its-ar"] = g["llamacpp-pld"] / lar if lar and g["llamacpp-pld"] else None
@@ -137,11 +144,12 @@ def markdown(a, meta, summary) -> str:
              f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
              f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}`", "",
              f"Machine: {meta['machine']}; llama.cpp arms: {meta['llamacpp']}", "",
-             "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | prompt lookup ÷ AR | llama.cpp AR | "
-             "llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | accepted by source |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "
+             "llama.cpp AR | llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | accepted by source |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for k, g in summary.items():
         lines.append(f"| {k} | {g['n']} | {f(g['swiftk-ar'])} | {f(g['swiftk'])} | {f(g['swiftk/ar'], '{:.2f}x')} | "
+                     f"{f(g.get('decode_only'), '{:.2f}x')} | "
                      f"{f(g['pld/ar'], '{:.2f}x')} | {f(g['llamacpp-ar'])} | {f(g['llamacpp-pld'])} | "
                      f"{f(g['llamacpp-pld/its-ar'], '{:.2f}x')} | {f(g['swiftk/llamacpp-pld'], '{:.2f}x')} | "
                      f"{g['accepted_by_source']} |")

@@ -8,7 +8,7 @@ Recycling from the recorded top-k). Time per round = the drafter's measured host
 so the replay predicts the speedup over autoregressive before a decode is run, and compares drafters on the same
 tokens (ours vs ArcticInference's suffix cache at the same budget, bench/arctic.py).
 
-    python -m bench.replay --model smollm2-135m --workloads humaneval,mtbench --n 8 --max-new-tokens 128
+    python -m bench.replay --model smollm2-135m --workloads humaneval,mtbench --n 8 --n-mtbench 2
     python -m bench.replay ... --budgets 8,16,32      # fixed verify budgets, no gate: accepted tokens per pass
 
 Writes bench/results/replay_<model>_<date>.md (and .json).
@@ -229,7 +229,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--workloads", default="humaneval,mtbench")
-    ap.add_argument("--n", type=int, default=8, help="prompts per workload (MT-Bench: per category)")
+    ap.add_argument("--n", type=int, default=8, help="HumanEval, edit and chat prompts")
+    ap.add_argument("--n-mtbench", type=int, default=2, help="MT-Bench questions per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--budgets", default="", help="fixed verify budgets to compare at (e.g. 8,16,32); the gate "
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
     eng = swiftk.load(a.model, persist=False)
     from bench.workloads import data_dir
 
-    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n)
+    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens)
     cache_dir = data_dir().parent
     table = cost_table(eng)
     costs = cost_model(eng, table)
@@ -278,7 +279,8 @@ def _write(a, eng, table, results, machine) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Replay: {a.model}, {a.workloads}, n={a.n}, max_new_tokens={a.max_new_tokens}", "",
+    lines = [f"# Replay: {a.model}, {a.workloads}, n={a.n}, n_mtbench={a.n_mtbench}, "
+             f"max_new_tokens={a.max_new_tokens}", "",
              f"`python -m bench.replay {' '.join(f'--{k.replace(chr(95), chr(45))} {v}' for k, v in vars(a).items() if v not in (False, '', 0))}`",
              "", f"Machine: {machine}", "",
              "Cost table (verify pass of T tokens in decode steps): "

@@ -46,10 +46,10 @@ class SuffixDraft(FreeSource):
         est, width = self.est, _WIDTH
 
         def expand(s: int, depth: int) -> list:
-            kids = index.children(s)[:width]
-            total = sum(k[2] for k in kids)
+            kids = index.children(s)
+            total = sum(k[2] for k in kids)   # the share is among all continuations, tried or not
             out = []
-            for tok, child, count in kids:
+            for tok, child, count in kids[:width]:
                 key = node_key(matched + depth, count, total)
                 out.append((tok, child, est.prob(key), key))
             return out
