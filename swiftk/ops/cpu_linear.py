@@ -67,15 +67,16 @@ def _compiler() -> Optional[str]:
     return shutil.which(cxx)
 
 
-def _build(src: Path, cxx: str) -> Path:
-    """``src`` is kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
+def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear") -> Path:
+    """``src`` compiled alone into ``build/<stem>-<key>.so``; ``includes``: the kernels/ files it #includes (part
+    of the key). The default: kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
     from swiftk.registry import swiftk_home
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = [src.read_text(), source_path("cpu_linear.cpp").read_text()]
+    texts = [src.read_text(), *(source_path(name).read_text() for name in includes)]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(swiftk_home()) / "build"
-    out = out_dir / f"cpu_linear-{key}.so"
+    out = out_dir / f"{stem}-{key}.so"
     if out.exists() or _sidecar(out).exists():
         why = _verify(out)
         if why is None:
@@ -85,7 +86,7 @@ def _build(src: Path, cxx: str) -> Path:
         out.unlink(missing_ok=True)
         _sidecar(out).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".cpu_linear-{key}.{os.getpid()}.{threading.get_ident()}.so"
+    tmp = out_dir / f".{stem}-{key}.{os.getpid()}.{threading.get_ident()}.so"
     try:
         r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
@@ -123,29 +124,43 @@ def _verify(lib: Path):
     return None
 
 
-def _load() -> None:
-    global _lib, _why, _fn
+class KernelUnavailable(Exception):
+    """Why a kernel library is not used; ``loud``: a toolchain failure worth a warning (not a setting)."""
+
+    def __init__(self, why: str, loud: bool = False):
+        super().__init__(why)
+        self.loud = loud
+
+
+def open_library(source: str, symbols, includes=(), stem: Optional[str] = None) -> ctypes.CDLL:
+    """kernels/``source`` built for this host (once, as the module docstring says) and loaded; raises
+    :class:`KernelUnavailable` when it is switched off, cannot be built, or lacks one of ``symbols``."""
     if os.environ.get(ENV_VAR, "").strip() == "0":
-        _why = f"disabled by {ENV_VAR}=0"
-        return
+        raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        _why = f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}"
-        return
+        raise KernelUnavailable(f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}")
     cxx = _compiler()
     if cxx is None:
-        _why = "no C++ compiler (g++ or $CXX) found"
-        return
+        raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
     try:
-        path = _build(source_path("cpu_decode.cpp"), cxx)
+        path = _build(source_path(source), cxx, includes, stem or Path(source).stem)
         lib = ctypes.CDLL(str(path))
     except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
-        _why = f"build failed ({type(e).__name__}: {str(e)[:300]})"
-        warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
-        return
-    missing = [s for s in _SYMBOLS if not hasattr(lib, s)]
+        raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e
+    missing = [s for s in symbols if not hasattr(lib, s)]
     if missing:
-        _why = f"{path} lacks {', '.join(missing)}"
-        warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
+        raise KernelUnavailable(f"{path} lacks {', '.join(missing)}", loud=True)
+    return lib
+
+
+def _load() -> None:
+    global _lib, _why, _fn
+    try:
+        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp",), stem="cpu_linear")
+    except KernelUnavailable as e:
+        _why = str(e)
+        if e.loud:
+            warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
         return
     fn = lib.swk_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,

@@ -1,0 +1,154 @@
+"""The GGUF block-quant CPU kernel (``kernels/cpu_quant.cpp``): matmul with weights kept in ggml block formats.
+
+``linear(x, w_raw, type, K)`` computes ``x @ W.T`` where ``W`` is ``w_raw``'s rows of ggml blocks (a GGUF tensor's
+bytes, one row of blocks per output row), dequantized in registers; ``dequant(type, raw, n)`` is the plain
+dequantization, equal bit for bit to ``gguf.quants.dequantize``. Types: ggml ids in :data:`TYPES`.
+
+Built and loaded like kernels/cpu_linear.cpp (swiftk/ops/cpu_linear.py: first use, per-host build, sidecar
+hash); :func:`status` says which path the build took or why there is none.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional
+
+import torch
+
+from swiftk.errors import SwiftkError, warn
+from swiftk.ops import cpu_linear
+
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+_NAMES = {v: k for k, v in TYPES.items()}
+_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_block_size", "swk_q_type_size", "swk_q_isa")
+_ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
+
+_lock = threading.Lock()
+_lib = None
+_why: Optional[str] = None   # reason the kernel is not available, once decided ("" when it is)
+
+
+def _load() -> None:
+    global _lib, _why
+    try:
+        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS)
+    except cpu_linear.KernelUnavailable as e:
+        _why = str(e)
+        if e.loud:
+            warn(f"swiftk: CPU quant kernel unavailable: {_why}", RuntimeWarning)
+        return
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    lib.swk_q_dequant.argtypes = [ctypes.c_int, p, i64, p]
+    lib.swk_q_linear.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p]
+    for name in _SYMBOLS:
+        getattr(lib, name).restype = ctypes.c_int
+    lib.swk_q_block_size.argtypes = lib.swk_q_type_size.argtypes = [ctypes.c_int]
+    _lib, _why = lib, ""
+
+
+def _ensure() -> bool:
+    if _why is None:
+        with _lock:
+            if _why is None:
+                _load()
+    return _lib is not None
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (builds it on first call)."""
+    return _ensure()
+
+
+def status() -> str:
+    """One line: the path the build took (AVX-512, AVX2 or portable C++), or why there is no kernel."""
+    if _ensure():
+        isa = {512: "AVX-512", 256: "AVX2"}.get(_lib.swk_q_isa(), "portable C++")
+        return f"swiftk quant kernel (kernels/cpu_quant.cpp, {isa})"
+    return f"unavailable ({_why})"
+
+
+def isa() -> int:
+    """512, 256 or 0 (portable): the vector path of the loaded build."""
+    _need()
+    return int(_lib.swk_q_isa())
+
+
+def _need() -> None:
+    if not _ensure():
+        raise SwiftkError(f"CPU quant kernel unavailable: {_why}")
+
+
+def _sizes(qtype) -> tuple:
+    """(elements, bytes) per block of ggml type ``qtype`` (an int or a GGMLQuantizationType)."""
+    _need()
+    t = int(qtype)
+    bs, ts = _lib.swk_q_block_size(t), _lib.swk_q_type_size(t)
+    if bs < 0:
+        raise SwiftkError(f"cpu quant: unsupported ggml type {qtype!r}; supported: "
+                          + ", ".join(f"{k}={v}" for k, v in TYPES.items()))
+    return bs, ts
+
+
+def block_size(qtype) -> int:
+    return _sizes(qtype)[0]
+
+
+def type_size(qtype) -> int:
+    return _sizes(qtype)[1]
+
+
+def _raw(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
+        what = f"{t.dtype} {t.device} contiguous={t.is_contiguous()}" if isinstance(t, torch.Tensor) else type(t)
+        raise SwiftkError(f"cpu quant: {name} must be a contiguous CPU uint8 tensor, got {what}")
+
+
+def dequant(qtype, raw: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` elements (whole blocks) of type ``qtype`` in ``raw`` (uint8, exactly n / block_size blocks) as a
+    float32 tensor [n], bit for bit gguf.quants.dequantize's."""
+    bs, ts = _sizes(qtype)
+    _raw("raw", raw)
+    n = int(n)
+    if n < 1 or n % bs:
+        raise SwiftkError(f"cpu quant: n={n} is not a positive multiple of {_NAMES[int(qtype)]}'s block size {bs}")
+    if raw.numel() != n // bs * ts:
+        raise SwiftkError(f"cpu quant: {n} elements of {_NAMES[int(qtype)]} take {n // bs * ts} bytes, "
+                          f"raw has {raw.numel()}")
+    out = torch.empty(n, dtype=torch.float32)
+    _check(_lib.swk_q_dequant(int(qtype), raw.data_ptr(), n, out.data_ptr()), "dequant")
+    return out
+
+
+def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
+    """y [M, N] float32 = x [M, K] @ W.T, W = ``w_raw`` [N, K / block_size * type_size] uint8: N rows of ggml
+    blocks of type ``qtype``. x in any float dtype (computed in float32). Raises SwiftkError on bad operands."""
+    bs, ts = _sizes(qtype)
+    _raw("w_raw", w_raw)
+    K = int(K)
+    name = _NAMES[int(qtype)]
+    if K < 1 or K % bs:
+        raise SwiftkError(f"cpu quant: K={K} is not a positive multiple of {name}'s block size {bs}")
+    if w_raw.dim() != 2 or w_raw.shape[0] < 1 or w_raw.shape[1] != K // bs * ts:
+        raise SwiftkError(f"cpu quant: a {name} weight with K={K} needs shape [N, {K // bs * ts}] (bytes per row), "
+                          f"got {tuple(w_raw.shape)}")
+    if (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != K or x.shape[0] < 1
+            or x.device.type != "cpu" or not x.dtype.is_floating_point):
+        what = f"{tuple(x.shape)} {x.dtype} {x.device}" if isinstance(x, torch.Tensor) else type(x)
+        raise SwiftkError(f"cpu quant: x must be a float CPU tensor [M, {K}], got {what}")
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    M, N = xf.shape[0], w_raw.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    _check(_lib.swk_q_linear(xf.data_ptr(), M, K, w_raw.data_ptr(), int(qtype), N, y.data_ptr()), "linear")
+    return y
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SwiftkError(f"cpu quant {what}: kernel rejected its arguments ({_ERRORS.get(rc, rc)})")
+
+
+def reset() -> None:
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS)."""
+    global _lib, _why
+    with _lock:
+        _lib, _why = None, None
