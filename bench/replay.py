@@ -96,9 +96,11 @@ def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repe
 def cost_model(eng, table: dict):
     from swiftk.costs import CostModel
 
-    cm = CostModel(eng.model)
-    cm.load_dict({"step_s": table[1], "verify_s": {str(k): v for k, v in table.items() if k > 1}})
-    cm._seen = {b: 0 for b in cm.verify}   # measured now: fully believed  # noqa: SLF001
+    cm = CostModel(eng.model)   # observed now (not loaded from a file): fully believed
+    cm.observe_step(table[1])
+    for T, dt in table.items():
+        if T > 1:
+            cm.observe_verify(T, dt)
     return cm
 
 
@@ -121,9 +123,9 @@ class Ours:
         self.owners = {s.name: s for s in self.sources}
 
     def propose(self, ctx) -> list:
-        from swiftk.decode import _chains
+        from swiftk.decode import as_chains
 
-        return [c for src in self.sources for c in _chains(src.propose(ctx))]
+        return [c for src in self.sources for c in as_chains(src.propose(ctx))]
 
     def learn(self, tree, path: list, read: list, topk: list) -> None:
         if tree is not None:

@@ -33,7 +33,7 @@ def speculative_decode(s: Session, drafter, sources: list):
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
             levels = drafter.propose(s) if drafter is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
-            chains = [c for src in sources for c in _chains(src.propose(ctx))]
+            chains = [c for src in sources for c in as_chains(src.propose(ctx))]
         t_draft = time.perf_counter() - t
         tree = None
         if levels or chains:
@@ -74,7 +74,7 @@ def speculative_decode(s: Session, drafter, sources: list):
     return s.finish()
 
 
-def _chains(proposal) -> list:
+def as_chains(proposal) -> list:
     """A source's proposal as a list of non-empty chains (it may return one Chain, a list of them, or None)."""
     if proposal is None:
         return []
