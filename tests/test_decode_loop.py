@@ -147,7 +147,10 @@ class _Costs(CostModel):
 def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
     ref = ar(eng, n=64)
     eng.costs = _Costs(eng.model, verify=50.0, draft=5.0)
-    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True)
+    # free sources off: nodes riding on drafted rounds can make them measure faster than plain on this tiny
+    # model whatever the fake cost model says (the gate trusts measured rates)
+    out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True, ngram=False, history=False,
+                       recycle=False, datastore=False)
     assert out.token_ids == ref
     assert out.stats.plain_steps >= 0.8 * 64, (out.stats.plain_steps, out.stats.rounds)
     assert out.stats.drafted_tokens <= 12     # a few probes, spaced further apart each time they fail
