@@ -126,9 +126,26 @@ void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* 
   run<WT>(x, M, K, (const char*)w, scale, N, y, nthreads);
 }
 
+// GGUF block formats (wtype 3) run on kernels/cpu_quant.cpp, a separate library: the host hands its entry in
+// (swk_set_q_linear) rather than this file compiling a second copy of it.
+typedef int (*q_linear_fn)(const float*, int64_t, int64_t, const void*, int, int64_t, float*, int64_t);
+q_linear_fn g_q_linear = nullptr;
+
+// A block weight's descriptor (int64): n_parts, then (address, ggml type, rows) per part: row groups in their own
+// formats, each writing its columns of y [M, N].
+void linear_blocks(const float* x, int64_t M, int64_t K, const int64_t* desc, int64_t N, float* y) {
+  int64_t col = 0;
+  for (int64_t i = 0; i < desc[0]; i++) {
+    const int64_t* p = desc + 1 + 3 * i;
+    g_q_linear(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N);
+    col += p[2];
+  }
+}
+
 void linear_any(int wt, const float* x, int64_t M, int64_t K, const void* w, const float* scale, int64_t N,
                 float* y, int nthreads) {
   switch (wt) {
+    case 3: linear_blocks(x, M, K, (const int64_t*)w, N, y); break;
     case 0: linear_t<0>(x, M, K, w, scale, N, y, nthreads); break;
     case 1: linear_t<1>(x, M, K, w, scale, N, y, nthreads); break;
     default: linear_t<2>(x, M, K, w, scale, N, y, nthreads); break;
@@ -226,7 +243,8 @@ extern "C" {
 // (updated in place).
 //   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
 //          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
-//          0 float32, 1 bfloat16, 2 int8 with its scale); flags: n_layers * 2 bytes (attention, MLP skipped).
+//          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
+//          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
 //   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
 //          (every row sees at least one slot, S <= max_slots).
 // Returns 0, or -1 on bad arguments (nothing computed).
@@ -237,6 +255,8 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
   if (n_layers < 0 || !table || !wtypes || !flags || T < 1 || D < 1 || H < 1 || KV < 1 || H % KV || hd < 2 ||
       hd % 2 || I < 1 || S < 1 || S > max_slots || !slots || !cos_t || !sin_t || !vis || !h || nthreads < 1)
     return -1;
+  for (int64_t i = 0; i < 4 * n_layers; i++)
+    if (wtypes[i] < 0 || wtypes[i] > 3 || (wtypes[i] == 3 && !g_q_linear)) return -1;
   for (int64_t t = 0; t < T; t++) {
     if (slots[t] < 0 || slots[t] >= max_slots) return -1;
     bool any = false;
@@ -302,6 +322,9 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
   }
   return 0;
 }
+
+// The block-format matmul (kernels/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
+void swk_set_q_linear(void* fn) { g_q_linear = (q_linear_fn)fn; }
 
 // Addresses per layer in swk_layers' table.
 int swk_layer_table_width(void) { return NPTR; }

@@ -395,7 +395,7 @@ inline void prefetch_block(const uint8_t* p) {
 }
 
 template <int T, int R, int M_>
-void tile_reg(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t n0) {
+void tile_reg(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t n0) {
   constexpr int BS = Fmt<T>::BS, TS = Fmt<T>::TS;
   vec acc[R][M_];
   for (int r = 0; r < R; r++)
@@ -417,7 +417,7 @@ void tile_reg(const float* x, int64_t K, const uint8_t* w, int64_t rb, float* y,
     }
   }
   for (int r = 0; r < R; r++)
-    for (int m = 0; m < M_; m++) y[m * N + n0 + r] = vsum(acc[r][m]);
+    for (int m = 0; m < M_; m++) y[m * ldy + n0 + r] = vsum(acc[r][m]);
 }
 
 // M_ activation rows (x points at row m0, column k0) over a decoded span wbuf[R][KS] of length ks.
@@ -439,7 +439,7 @@ inline void tile_span(const float* x, int64_t K, const float (&wbuf)[R][KS], int
 }
 
 template <int T, int R>
-void rows_span(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t N, int64_t n0) {
+void rows_span(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t ldy, int64_t n0) {
   constexpr int BS = Fmt<T>::BS, TS = Fmt<T>::TS;
   alignas(64) float wbuf[R][KS];
   alignas(64) float accbuf[MB * R * W];
@@ -468,7 +468,7 @@ void rows_span(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t r
       }
     }
     for (int64_t m = 0; m < mb; m++)
-      for (int r = 0; r < R; r++) y[(mb0 + m) * N + n0 + r] = vsum(vld(accbuf + (m * R + r) * W));
+      for (int r = 0; r < R; r++) y[(mb0 + m) * ldy + n0 + r] = vsum(vld(accbuf + (m * R + r) * W));
   }
 }
 
@@ -484,27 +484,27 @@ void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
 }
 
 template <int T>
-void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y) {
+void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
   const int64_t rb = K / Fmt<T>::BS * Fmt<T>::TS;  // bytes per weight row
   auto one = [&](int64_t n0) {
-    if (M == 1) tile_reg<T, 1, 1>(x, K, w, rb, y, N, n0);
-    else rows_span<T, 1>(x, M, K, w, rb, y, N, n0);
+    if (M == 1) tile_reg<T, 1, 1>(x, K, w, rb, y, ldy, n0);
+    else rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0);
   };
   if (M == 1) {  // 8 rows: enough independent FMA chains at one activation row
-    over_rows<8>(N, K, [&](int64_t n0) { tile_reg<T, 8, 1>(x, K, w, rb, y, N, n0); }, one);
+    over_rows<8>(N, K, [&](int64_t n0) { tile_reg<T, 8, 1>(x, K, w, rb, y, ldy, n0); }, one);
   } else if (M <= MR_REG) {
     over_rows<4>(N, K, [&](int64_t n0) {
       switch (M) {
-        case 2: tile_reg<T, 4, 2>(x, K, w, rb, y, N, n0); break;
+        case 2: tile_reg<T, 4, 2>(x, K, w, rb, y, ldy, n0); break;
 #if SWQ_ISA == 512
-        case 3: tile_reg<T, 4, 3>(x, K, w, rb, y, N, n0); break;
-        case 4: tile_reg<T, 4, 4>(x, K, w, rb, y, N, n0); break;
+        case 3: tile_reg<T, 4, 3>(x, K, w, rb, y, ldy, n0); break;
+        case 4: tile_reg<T, 4, 4>(x, K, w, rb, y, ldy, n0); break;
 #endif
         default: break;
       }
-    }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, N, n0); });
+    }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
   } else {
-    over_rows<4>(N, K, [&](int64_t n0) { rows_span<T, 4>(x, M, K, w, rb, y, N, n0); }, one);
+    over_rows<4>(N, K, [&](int64_t n0) { rows_span<T, 4>(x, M, K, w, rb, y, ldy, n0); }, one);
   }
 }
 
@@ -575,24 +575,30 @@ int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
   return 0;
 }
 
-// y[M, N] (float32, row-major) = x[M, K] (float32, row-major) @ W^T, W = N rows of K / block_size consecutive
-// blocks of type `type` (ggml's layout of a [N, K] weight). Threads: OpenMP's default (torch's setting in torch).
-int swk_q_linear(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y) {
-  if (!x || !w || !y || M < 1 || K < 1 || N < 1) return -1;
+// y[M, N] (float32, row-major, ldy floats per row: y may be a column slice of a wider output) = x[M, K]
+// (float32, row-major) @ W^T, W = N rows of K / block_size consecutive blocks of type `type` (ggml's layout of a
+// [N, K] weight). Threads: OpenMP's default (torch's setting in torch).
+int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                    int64_t ldy) {
+  if (!x || !w || !y || M < 1 || K < 1 || N < 1 || ldy < N) return -1;
   const int bs = swk_q_block_size(type);
   if (bs < 0) return -2;
   if (K % bs) return -3;
   const uint8_t* wb = (const uint8_t*)w;
   switch (type) {
-    case Q4_0: linear<Q4_0>(x, M, K, wb, N, y); break;
-    case Q4_1: linear<Q4_1>(x, M, K, wb, N, y); break;
-    case Q5_0: linear<Q5_0>(x, M, K, wb, N, y); break;
-    case Q8_0: linear<Q8_0>(x, M, K, wb, N, y); break;
-    case Q4_K: linear<Q4_K>(x, M, K, wb, N, y); break;
-    case Q5_K: linear<Q5_K>(x, M, K, wb, N, y); break;
-    case Q6_K: linear<Q6_K>(x, M, K, wb, N, y); break;
+    case Q4_0: linear<Q4_0>(x, M, K, wb, N, y, ldy); break;
+    case Q4_1: linear<Q4_1>(x, M, K, wb, N, y, ldy); break;
+    case Q5_0: linear<Q5_0>(x, M, K, wb, N, y, ldy); break;
+    case Q8_0: linear<Q8_0>(x, M, K, wb, N, y, ldy); break;
+    case Q4_K: linear<Q4_K>(x, M, K, wb, N, y, ldy); break;
+    case Q5_K: linear<Q5_K>(x, M, K, wb, N, y, ldy); break;
+    case Q6_K: linear<Q6_K>(x, M, K, wb, N, y, ldy); break;
   }
   return 0;
+}
+
+int swk_q_linear(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y) {
+  return swk_q_linear_ld(x, M, K, w, type, N, y, N);
 }
 
 }  // extern "C"

@@ -28,7 +28,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     dt = resolve_dtype(dtype)
     check_device_dtype(dev, dt)
     path = resolve_model(model)
-    ckpt = load_checkpoint(path, dtype=dt)
+    ckpt = load_checkpoint(path, dtype=dt, native=weights == "native")
     if model in _registry_names():
         ckpt.identity["name"] = model
     return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights,

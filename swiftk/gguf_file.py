@@ -82,6 +82,7 @@ class GGUFTensor:
     shape: tuple  # ggml order: innermost dimension first
     n_bytes: int
     data: np.ndarray  # raw bytes (uint8), one row of blocks per output row
+    offset: int = 0   # of the data in the file
 
 
 @dataclass
@@ -127,6 +128,23 @@ def _reader_class():
                     raise _Impossible(f"array at byte {orig_offs} claims {count} elements, more than the file "
                                       f"holds")
             return super()._get_field_parts(orig_offs, raw_type)
+
+        def _build_tensors(self, start_offs, fields):
+            # A tensor whose data runs past the end of the file (a cut download) would surface as a numpy
+            # reshape error; say which tensor, from the index alone, before the reader slices anything.
+            from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+            for field in fields:
+                _, name, _, dims, raw_dtype, offset = field.parts
+                try:
+                    bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                except (ValueError, KeyError):
+                    continue   # the reader's own error names the type
+                end = int(start_offs + offset[0]) + int(np.prod(dims)) * ts // bs
+                if end > len(self.data):
+                    raise _Impossible(f"tensor {bytes(name).decode('utf-8', 'replace')} needs bytes up to {end}, "
+                                      f"the file ends at {len(self.data)} (truncated)")
+            return super()._build_tensors(start_offs, fields)
 
     return _PlainViewReader
 
@@ -198,7 +216,8 @@ def read_gguf(path) -> GGUFFile:
         rows = int(rt.n_elements) // row if row else 0
         # The reader types F32/F16/int tensors; the dequantizer wants raw bytes, one row of blocks per row.
         raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
-        tensors.append(GGUFTensor(rt.name, rt.tensor_type, dims, n_bytes, raw.reshape(rows, n_bytes // max(rows, 1))))
+        tensors.append(GGUFTensor(rt.name, rt.tensor_type, dims, n_bytes, raw.reshape(rows, n_bytes // max(rows, 1)),
+                                  int(rt.data_offset)))
     _check_layout(reader.tensors, int(meta.get("general.alignment") or 32), size, path)
     return GGUFFile(meta, tensors)
 
@@ -313,6 +332,26 @@ def _dequantize(t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
         # copy_ converts to the target dtype; the source may be a read-only view of the mapped file
         out[i : i + step].copy_(torch.from_numpy(np.array(vals, copy=True)).reshape(-1, cols))
     return out.reshape(shape)
+
+
+def read_blocks(f, t: GGUFTensor, where: str):
+    """A block-format tensor as a BlockWeight [rows, K], its bytes read from the open file ``f`` into memory the
+    process owns (pages read through the reader's map would stay resident beside them: twice the file)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from .weights import BlockWeight
+
+    rows, rb = t.data.shape
+    K = int(t.shape[0]) if t.shape else 1
+    bs, ts = GGML_QUANT_SIZES[t.tensor_type]
+    if K % bs or rb != K // bs * ts or rows * rb != t.n_bytes:
+        raise SwiftkError(f"{where}: tensor {t.name} ({t.tensor_type.name}, {K} columns) should hold {K // bs * ts} "
+                          f"bytes per row, its data has {rb}; the file is damaged")
+    buf = torch.empty((rows, rb), dtype=torch.uint8)
+    f.seek(t.offset)
+    if f.readinto(memoryview(buf.numpy()).cast("B")) != rows * rb:
+        raise SwiftkError(f"{where}: tensor {t.name} is truncated (the file ends inside its data)")
+    return BlockWeight(((buf, int(t.tensor_type)),), K)
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

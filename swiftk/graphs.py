@@ -56,7 +56,7 @@ class _Graph:
         slots = self.start + self.ar_T                                             # [Tb]
         mask = (self.ar_S[None, :] < self.start).expand(Tb, Sb).contiguous()       # committed prefix: all visible
         mask.scatter_(1, slots[None, :].expand(Tb, Tb), self.anc)                  # + ancestors among the new
-        h, x, _ = m.run_layers(m.embed[self.tokens], 0, m.cfg.n_layers, self.positions, slots, self.cache, mask,
+        h, x, _ = m.run_layers(m.embed_rows(self.tokens), 0, m.cfg.n_layers, self.positions, slots, self.cache, mask,
                             self.skip)
         if x is None:
             x = m.ops.rmsnorm(h, m.norm, m.cfg.rms_eps)

@@ -17,9 +17,10 @@ from .config import ModelConfig, from_hf_config
 from .errors import SwiftkError
 from .files import read_json, regular_file
 from .tokenizer import Tokenizer
+from .weights import BlockWeight
 
 from .gguf_file import (_BLK, GGUFFile, GGUFTensor, _check_shape, _dequantize, _gguf_config, _hf_to_gguf_name,  # noqa: F401
-                        _numpy_shape, _supported_qtypes, _unpermute, gguf_to_hf_name, read_gguf)
+                        _numpy_shape, _supported_qtypes, _unpermute, gguf_to_hf_name, read_blocks, read_gguf)
 
 
 @dataclass
@@ -30,8 +31,9 @@ class Checkpoint:
     identity: dict  # name, path, fingerprint, arch, n_layers: tags results (e.g. saved skip sets)
 
 
-def load_checkpoint(path, dtype: torch.dtype = torch.float32) -> Checkpoint:
-    """Load a ``.gguf`` file or a Hugging Face model directory."""
+def load_checkpoint(path, dtype: torch.dtype = torch.float32, native: bool = False) -> Checkpoint:
+    """Load a ``.gguf`` file or a Hugging Face model directory. ``native``: a GGUF file's block-format matrices
+    stay in their blocks (weights.BlockWeight; float32 activations), everything else is converted to ``dtype``."""
     p = Path(path).expanduser()
     if not p.exists():
         raise SwiftkError(f"model path not found: {p}")
@@ -40,14 +42,14 @@ def load_checkpoint(path, dtype: torch.dtype = torch.float32) -> Checkpoint:
             return _load_hf_dir(p, dtype)
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], dtype)
+            return _load_gguf(ggufs[0], dtype, native)
         raise SwiftkError(f"{p} is not a Hugging Face model directory (no config.json) and holds no single .gguf file")
     regular_file(p, "model file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise SwiftkError(f"{p} is not a GGUF file (magic {magic!r}) and not a Hugging Face directory")
-    return _load_gguf(p, dtype)
+    return _load_gguf(p, dtype, native)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,6 +115,24 @@ def _check_weights(name: str, t: torch.Tensor, where: str) -> None:
         raise SwiftkError(f"{where}: tensor {name} holds {bad} NaN or infinite value(s); the file is damaged")
 
 
+def _unpermute_any(w, n_head: int):
+    """_unpermute on a float tensor or on a block weight's rows (a row permutation: blocks move whole)."""
+    if isinstance(w, BlockWeight):
+        return BlockWeight(tuple((_unpermute(raw, n_head), t) for raw, t in w.parts), w.K)
+    return _unpermute(w, n_head)
+
+
+def _check_blocks(name: str, w: BlockWeight, where: str, chunk: int = 1024) -> None:
+    """_check_weights for a block weight: its rows dequantized a chunk at a time (a NaN or infinite block scale)."""
+    from .ops import cpu_quant
+
+    for raw, t in w.parts:
+        for i in range(0, raw.shape[0], chunk):
+            part = raw[i : i + chunk]
+            if not torch.isfinite(cpu_quant.dequant(t, part.reshape(-1), part.shape[0] * w.K)).all():
+                raise SwiftkError(f"{where}: tensor {name} has NaN or infinite values; the weights are corrupt")
+
+
 def _check_tokenizer(tok: Tokenizer, cfg: ModelConfig, where: str) -> None:
     # Token ids past the embedding would index out of it at the first prompt that uses them.
     if tok.vocab_size > cfg.vocab_size:
@@ -123,7 +143,27 @@ def _check_tokenizer(tok: Tokenizer, cfg: ModelConfig, where: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # GGUF
 # ---------------------------------------------------------------------------------------------
-def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
+# matrices the block kernel can read in place (the norms and biases are small and stay float)
+_MATRIX = re.compile(r"(_proj\.weight|embed_tokens\.weight|lm_head\.weight)$")
+
+
+def is_quantized_gguf(path) -> bool:
+    """Whether ``path`` is (or is a directory holding one) GGUF file whose layer matrices are block formats."""
+    p = Path(path)
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if len(ggufs) != 1 or (p / "config.json").is_file():
+            return False
+        p = ggufs[0]
+    if p.suffix != ".gguf" or not p.is_file():
+        return False
+    from .ops.cpu_quant import TYPES
+
+    ts = [int(t.tensor_type) for t in read_gguf(p).tensors if t.name.endswith("ffn_down.weight")]
+    return bool(ts) and all(t in TYPES.values() for t in ts)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoint:
     gf = read_gguf(path)
     meta = gf.metadata
     by_name = {t.name: t for t in gf.tensors}
@@ -140,14 +180,22 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> Checkpoint:
         _check_shape(g, _numpy_shape(t), shape, hf)
         if t.tensor_type not in supported:
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type {t.tensor_type.name} in tensor {g}")
+    from .ops.cpu_quant import TYPES
+
     tensors = {}
-    for hf in want:
-        g = _hf_to_gguf_name(hf)
-        w = _dequantize(by_name[g], dtype)
-        _check_weights(g, w, f"GGUF {path.name}")
-        if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
-            w = _unpermute(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
-        tensors[hf] = w
+    with open(path, "rb") as f:
+        for hf in want:
+            g = _hf_to_gguf_name(hf)
+            t = by_name[g]
+            if native and _MATRIX.search(hf) and int(t.tensor_type) in TYPES.values():
+                w = read_blocks(f, t, f"GGUF {path.name}")
+                _check_blocks(g, w, f"GGUF {path.name}")
+            else:
+                w = _dequantize(t, dtype)
+                _check_weights(g, w, f"GGUF {path.name}")
+            if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
+                w = _unpermute_any(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
+            tensors[hf] = w
     try:
         tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
     except KeyError as e:

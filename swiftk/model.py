@@ -28,8 +28,8 @@ from .ops import reference as reference_ops
 from .kvcache import KVCache
 from .skipset import SkipSet
 from .tree import TreeMask
-from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, QWeight, _TRANSPOSED, choose_cpu_linear_forms,  # noqa: F401
-                      fused_layer_table, linear, nbytes)
+from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
+                      choose_cpu_linear_forms, fused_layer_table, linear, nbytes)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -79,7 +79,9 @@ class Model:
         """``weights``: None (every weight in ``dtype``), or a compressed format for the matrices (projections and
         LM head) with float32 activations, CPU only: "bfloat16" (half the bytes) or "int8" (per-row symmetric,
         a quarter). Either is a different target model than the float32 weights (rounded), and speculative
-        decoding is lossless with respect to whichever runs."""
+        decoding is lossless with respect to whichever runs. "native": ``tensors`` holds the GGUF file's
+        block-format matrices as weights.BlockWeight (loaders.load_checkpoint(native=True)), used as they are:
+        exactly the file's model."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -91,7 +93,14 @@ class Model:
                                   f"{self.device}, dtype {dtype}")
         self.weights = weights
 
+        blocks = any(isinstance(t, BlockWeight) for t in tensors.values())
+        if blocks != (weights == "native"):
+            raise SwiftkError('weights="native" needs the tensors of loaders.load_checkpoint(path, native=True) '
+                              "(GGUF block formats), and only it takes them")
+
         def matrix(t):
+            if isinstance(t, BlockWeight):
+                return t
             if weights == "int8":
                 return QWeight.quantize(t)
             return t.to(torch.bfloat16).contiguous() if weights == "bfloat16" else t
@@ -102,7 +111,12 @@ class Model:
                 raise SwiftkError(f"checkpoint is missing tensor {name!r}")
             if tuple(t.shape) != tuple(shape):
                 raise SwiftkError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-            return t.to(device=self.device, dtype=dtype).contiguous()
+            return t if isinstance(t, BlockWeight) else t.to(device=self.device, dtype=dtype).contiguous()
+
+        def stack(ts):   # one matrix from row groups (q, k, v; gate, up) in whatever formats they came
+            if all(isinstance(t, BlockWeight) for t in ts):
+                return BlockWeight.cat(ts)
+            return torch.cat([t.dequantize() if isinstance(t, BlockWeight) else t for t in ts])
 
         c = cfg
         D, hd, H, KV, I = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads, c.intermediate_size
@@ -120,12 +134,12 @@ class Model:
                 bqkv = torch.cat([get(p + f"self_attn.{n}_proj.bias", (m * hd,)) for n, m in (("q", H), ("k", KV), ("v", KV))])
             self.layers.append(Layer(
                 attn_norm=get(p + "input_layernorm.weight", (D,)),
-                wqkv=matrix(torch.cat([q, k, v])),
+                wqkv=matrix(stack([q, k, v])),
                 bqkv=bqkv,
                 wo=matrix(get(p + "self_attn.o_proj.weight", (D, H * hd))),
                 mlp_norm=get(p + "post_attention_layernorm.weight", (D,)),
-                w_gate_up=matrix(torch.cat([get(p + "mlp.gate_proj.weight", (I, D)),
-                                            get(p + "mlp.up_proj.weight", (I, D))])),
+                w_gate_up=matrix(stack([get(p + "mlp.gate_proj.weight", (I, D)),
+                                        get(p + "mlp.up_proj.weight", (I, D))])),
                 w_down=matrix(get(p + "mlp.down_proj.weight", (D, I))),
             ))
         # float32 angles like HF; inv_freq itself is computed in float64 then rounded.
@@ -144,7 +158,16 @@ class Model:
         if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
-        if weights is not None and not cpu_linear.active():
+        if weights == "native":
+            from .ops import cpu_quant
+
+            if not cpu_quant.available():
+                raise SwiftkError(f'weights="native" needs the CPU block kernel: {cpu_quant.status()}')
+            if cpu_linear.active():
+                cpu_linear.use_q_linear(cpu_quant.linear_address())
+            else:
+                self.fused_ok = False
+        elif weights is not None and not cpu_linear.active():
 
             warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
                  "matmuls through torch after converting the weights every call: slow", RuntimeWarning)
@@ -173,6 +196,40 @@ class Model:
         only by row); the roofline denominator."""
         return nbytes(self.lm_head) + nbytes(self.norm) + sum(nbytes(t) for t in self._layer_tensors())
 
+    def _named_weights(self):
+        """(GGUF-style name, weight) for every weight the model holds; layers share one name per kind."""
+        yield "token_embd", self.embed
+        yield "output_norm", self.norm
+        if self.lm_head is not self.embed:
+            yield "output", self.lm_head
+        for L in self.layers:
+            yield from (("blk.*.attn_norm", L.attn_norm), ("blk.*.attn_qkv", L.wqkv), ("blk.*.attn_output", L.wo),
+                        ("blk.*.ffn_norm", L.mlp_norm), ("blk.*.ffn_gate_up", L.w_gate_up),
+                        ("blk.*.ffn_down", L.w_down))
+            if L.bqkv is not None:
+                yield "blk.*.attn_qkv_bias", L.bqkv
+
+    def resident_bytes(self) -> int:
+        """Bytes the weights occupy in memory (the embedding included; a tied head counted once)."""
+        return sum(nbytes(t) for _, t in self._named_weights())
+
+    def formats(self) -> dict:
+        """Storage format of each kind of weight: GGUF block type names, int8, or the float dtype in capitals."""
+        from .ops.cpu_quant import TYPES
+
+        names = {v: k for k, v in TYPES.items()}
+        out: dict = {}
+        for name, t in self._named_weights():
+            if isinstance(t, BlockWeight):
+                fs = {names[x] for x in t.types}
+            else:
+                fs = {"INT8" if isinstance(t, QWeight) else {torch.float32: "F32", torch.bfloat16: "BF16",
+                                                             torch.float16: "F16"}.get(t.dtype, str(t.dtype))}
+            out[name] = sorted(set(out.get(name, [])) | fs)
+        if self.lm_head is self.embed:
+            out["output"] = out["token_embd"]
+        return out
+
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()
     def forward(self, token_ids, positions, slots, cache: KVCache, attn_mask=None, skip=None, logits_idx=None, *,
@@ -197,7 +254,7 @@ class Model:
                     return out
         if attn_mask is None and start is not None:
             attn_mask = torch.ones(1, start + 1, dtype=torch.bool, device=self.device)   # every slot <= start
-        h = self.embed[token_ids]                                      # residual stream [T, D]
+        h = self.embed_rows(token_ids)                                 # residual stream [T, D]
         h, x, captured = self.run_layers(h, 0, self.cfg.n_layers, positions, slots, cache, attn_mask, skip,
                                       capture_layer)
         logits = self.final_logits(h, x, logits_idx, head)
@@ -206,7 +263,11 @@ class Model:
     @torch.inference_mode()
     def forward_to(self, stop_layer: int, token_ids, positions, slots, cache: KVCache, attn_mask=None):
         """Layers [0, stop_layer) only: the residual stream [T, D] entering ``stop_layer``."""
-        return self.run_layers(self.embed[token_ids], 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
+        return self.run_layers(self.embed_rows(token_ids), 0, stop_layer, positions, slots, cache, attn_mask, None)[0]
+
+    def embed_rows(self, token_ids) -> torch.Tensor:
+        """The embedding rows of ``token_ids`` [T] -> [T, D] (a block-format embedding dequantizes just these)."""
+        return self.embed.rows(token_ids) if isinstance(self.embed, BlockWeight) else self.embed[token_ids]
 
     @torch.inference_mode()
     def forward_from(self, start_layer: int, hidden, positions, slots, cache: KVCache, attn_mask=None, *,

@@ -36,7 +36,7 @@ import torch
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
-from .model import QWeight, linear, nbytes
+from .model import BlockWeight, QWeight, linear, nbytes
 from .registry import swiftk_home
 
 _CORPUS_FILE_BYTES = 32 * 1024  # per file: many modules, not a few huge ones
@@ -126,7 +126,13 @@ class DraftHead:
         # Preallocated once: add() fills the next free slots, so the subset weight stays one contiguous
         # prefix [:n] and the draft matmul never sees a reallocated or fragmented tensor.
         quant = isinstance(lm_head, QWeight)
-        self._w = torch.empty((capacity, D), dtype=lm_head.q.dtype if quant else lm_head.dtype, device=lm_head.device)
+        # a block-format head keeps its rows' raw blocks: [capacity, bytes per row] uint8 of its one format
+        self._blocks = lm_head.parts[0][1] if isinstance(lm_head, BlockWeight) else None
+        if self._blocks is not None:
+            self._w = torch.empty((capacity, lm_head.parts[0][0].shape[1]), dtype=torch.uint8)
+        else:
+            self._w = torch.empty((capacity, D), dtype=lm_head.q.dtype if quant else lm_head.dtype,
+                                  device=lm_head.device)
         self._s = torch.empty(capacity, dtype=torch.float32, device=lm_head.device) if quant else None
         self._ids = torch.empty(capacity, dtype=torch.long, device=lm_head.device)
         # Membership on the host: add() runs every round, and on a GPU a device-side test would be several
@@ -158,7 +164,9 @@ class DraftHead:
             )
         new = torch.tensor(fresh, dtype=torch.long, device=self._ids.device)
         rows = self.lm_head[new]
-        if self._s is not None:
+        if self._blocks is not None:
+            self._w[self._n : self._n + m] = rows.parts[0][0]
+        elif self._s is not None:
             self._w[self._n : self._n + m], self._s[self._n : self._n + m] = rows.q, rows.scale
         else:
             self._w[self._n : self._n + m] = rows
@@ -183,7 +191,10 @@ class DraftHead:
 
     def logits_subset(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> float32 [T, n]: the full head's logits at `ids`, in that order."""
-        w = self._w[: self._n] if self._s is None else QWeight(self._w[: self._n], self._s[: self._n])
+        if self._blocks is not None:
+            w = BlockWeight(((self._w[: self._n], self._blocks),), self.lm_head.K)
+        else:
+            w = self._w[: self._n] if self._s is None else QWeight(self._w[: self._n], self._s[: self._n])
         return linear(x, w).float()
 
     def logits_full(self, x: torch.Tensor) -> torch.Tensor:

@@ -47,12 +47,90 @@ class QWeight:
         return self.q.numel() + 4 * self.scale.numel()
 
 
+@dataclass(frozen=True)
+class BlockWeight:
+    """A matrix as a GGUF file stores it: ggml blocks (Q4_0 ... Q6_K), one row of blocks per output row, read by
+    the block kernel (kernels/cpu_quant.cpp) without ever being widened to float32 in memory.
+
+    ``parts``: row groups ((raw [n_i, K / block * block_bytes] uint8, ggml type id), ...) stacked in order: a fused
+    matrix keeps each source tensor's format (Q4_K_M files store some layers' v or down in Q6_K)."""
+    parts: tuple
+    K: int
+
+    def __post_init__(self):
+        # what kernels/cpu_decode.cpp reads for weight type 3: n_parts, then (address, type, rows) per part
+        desc = [len(self.parts)] + [v for raw, t in self.parts for v in (raw.data_ptr(), int(t), raw.shape[0])]
+        object.__setattr__(self, "descriptor", torch.tensor(desc, dtype=torch.int64))
+
+    @property
+    def shape(self):
+        return torch.Size((sum(raw.shape[0] for raw, _ in self.parts), self.K))
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(raw.numel() for raw, _ in self.parts)
+
+    def numel(self) -> int:
+        return self.shape[0] * self.K
+
+    @property
+    def types(self) -> list:
+        return [int(t) for _, t in self.parts]
+
+    @staticmethod
+    def cat(ws) -> "BlockWeight":
+        """Row-stack block weights of one K; adjacent groups of one format become one group (one kernel call)."""
+        parts: list = []
+        for w in ws:
+            for raw, t in w.parts:
+                if parts and parts[-1][1] == t:
+                    parts[-1] = (torch.cat([parts[-1][0], raw]), t)
+                else:
+                    parts.append((raw, t))
+        return BlockWeight(tuple(parts), ws[0].K)
+
+    def __getitem__(self, idx) -> "BlockWeight":
+        """The rows ``idx`` (a 1-D index tensor), as one group: a draft head's subset of the LM head."""
+        if len(self.parts) != 1:
+            raise SwiftkError("row subsets of a block weight in several formats are not supported")
+        raw, t = self.parts[0]
+        return BlockWeight(((raw[idx].contiguous(), t),), self.K)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), K]: rows ``ids`` dequantized (an embedding lookup)."""
+        from .ops import cpu_quant
+
+        flat = ids.reshape(-1).cpu()
+        out = torch.empty(flat.numel(), self.K, dtype=torch.float32)
+        start = 0
+        for raw, t in self.parts:
+            sel = (flat >= start) & (flat < start + raw.shape[0])
+            if sel.any():
+                got = raw[flat[sel] - start].contiguous()
+                out[sel] = cpu_quant.dequant(t, got.reshape(-1), got.shape[0] * self.K).reshape(-1, self.K)
+            start += raw.shape[0]
+        return out.reshape(*ids.shape, self.K)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.shape[0]))
+
+
+def dense(t) -> torch.Tensor:
+    """Any weight as a float tensor (training and tools that want plain matrices)."""
+    return t.dequantize() if isinstance(t, (QWeight, BlockWeight)) else t
+
+
 def nbytes(t) -> int:
     """Bytes a read of the whole weight costs (a QWeight counts its scales)."""
-    return t.nbytes if isinstance(t, QWeight) else t.numel() * t.element_size()
+    return t.nbytes if isinstance(t, (QWeight, BlockWeight)) else t.numel() * t.element_size()
 
 
-WEIGHT_FORMATS = ("bfloat16", "int8")
+# "native": the GGUF file's own block formats (loaders.py keeps them; float32 activations)
+WEIGHT_FORMATS = ("bfloat16", "int8", "native")
 
 
 # CPU linears run on swiftk's own kernel (kernels/cpu_linear.cpp, built at first use; see swiftk/ops/cpu_linear.py):
@@ -71,6 +149,10 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     T = x.shape[0]
     if T == 0:   # no rows asked for (e.g. logits_idx empty): the kernel takes none
         return x.new_empty(0, w.shape[0])
+    if isinstance(w, BlockWeight):   # every pass size: the block kernel amortises each block over all T rows
+        from .ops import cpu_quant
+
+        return cpu_quant.linear_parts(x, w.parts, w.K)
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
     # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.
@@ -112,9 +194,13 @@ def fused_layer_table(layers, cache) -> tuple:
     per layer (norms, matrices and their scales, bias, the layer's KV cache)."""
 
     def w(t):
+        if isinstance(t, BlockWeight):
+            return t.descriptor, None
         return (t.q, t.scale) if isinstance(t, QWeight) else (t, None)
 
     def wtype(t):
+        if isinstance(t, BlockWeight):
+            return 3
         return 2 if isinstance(t, QWeight) else 1 if t.dtype == torch.bfloat16 else 0
 
     rows, types = [], []

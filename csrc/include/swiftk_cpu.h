@@ -73,7 +73,9 @@ enum swk_layer_ptr {
  *   MLP (skipped iff flags[2l + 1]):     x = rmsnorm(h) * mlp_norm; [g|u] = x @ Wgu^T; h += (silu(g) * u) @ Wdown^T
  * rmsnorm(h) = h / sqrt(mean(h^2) + eps). The final norm and LM head are the caller's (swk_linear).
  *   table   [n_layers, SWK_LAYER_TABLE_WIDTH] addresses (offset the pointer to start at a later layer)
- *   wtypes  [n_layers, 4] int: weight types of Wqkv, Wo, Wgu, Wdown
+ *   wtypes  [n_layers, 4] int: weight types of Wqkv, Wo, Wgu, Wdown (0 float32, 1 bfloat16, 2 int8 + scale,
+ *           3 GGUF blocks: the weight address is an int64 descriptor {n_parts, (address, ggml type, rows)...},
+ *           computed by the function given to swk_set_q_linear)
  *   flags   [n_layers, 2] bytes: attention / MLP sublayer skipped (all 0 for the full model)
  *   slots   [T] int64 in [0, max_slots): cache slot each new token's k, v are written to
  *   cos_t, sin_t [T, hd/2] float32: cos/sin(position[t] * inv_freq[i]), inv_freq[i] = theta^(-2i/hd)
@@ -85,6 +87,9 @@ SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wt
                           int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
                           const uint8_t* vis, int64_t S, float* h, int nthreads);
+
+/* The block matmul for weight type 3: kernels/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy). */
+SWIFTK_API void swk_set_q_linear(void* fn);
 
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */
 SWIFTK_API int swk_layer_table_width(void);

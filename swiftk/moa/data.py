@@ -105,7 +105,7 @@ def chunk_features(model, ids: list, max_tli: int) -> dict:
     cache = model.new_cache(T)
     pos = torch.arange(T, device=dev)
     captured, start = {}, 0
-    h = model.embed[torch.tensor(ids, device=dev)]
+    h = model.embed_rows(torch.tensor(ids, device=dev))
     for n in range(max_tli, 0, -1):      # the residual entering layer L - n, then carry on from there
         h = model.run_layers(h, start, L - n, pos, pos, cache, None, None)[0]
         captured[n], start = h.clone(), L - n

@@ -52,7 +52,7 @@ class MoARunner:
         kv = cache.data[:, :, :, n:m, :]                              # [L, 2, KV, t, hd]
         kv = kv.permute(3, 0, 1, 2, 4).reshape(m - n, d.cfg.n_layers, -1).float()   # [t, L, E]
         self.ca_k[n:m], self.ca_v[n:m] = d.ca_keys(d.lsa_features(kv), pos)
-        emb = self.model.embed[torch.tensor(committed[n:m], device=dev)].float()
+        emb = self.model.embed_rows(torch.tensor(committed[n:m], device=dev)).float()
         _, _, self.sa_k[n:m], self.sa_v[n:m] = d.sa_kv(emb, pos)
         self.n = m
 
@@ -62,7 +62,7 @@ class MoARunner:
         activation entering target layer L - TLI, [1, hidden]."""
         d, dev, n = self.drafter, self.model.device, self.n
         pos = torch.tensor([p], device=dev)
-        emb = self.model.embed[torch.tensor([token], device=dev)].float()
+        emb = self.model.embed_rows(torch.tensor([token], device=dev)).float()
         x, q, k, v = d.sa_kv(emb, pos)
         self.sa_k[p], self.sa_v[p] = k[0], v[0]
         sa = F.scaled_dot_product_attention(q.transpose(0, 1), self.sa_k[: p + 1].transpose(0, 1),

@@ -35,7 +35,7 @@ ENV_VAR = "SWIFTK_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
-_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width")
+_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -169,6 +169,7 @@ def _load() -> None:
     lib.swk_vector_width.restype = ctypes.c_int
     lib.swk_layers.restype = ctypes.c_int
     lib.swk_layer_table_width.restype = ctypes.c_int
+    lib.swk_set_q_linear.argtypes, lib.swk_set_q_linear.restype = [ctypes.c_void_p], None
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
                                + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
                                + [ctypes.c_void_p, ctypes.c_int])
@@ -261,6 +262,11 @@ def fused_active() -> bool:
 def layers_fn():
     """The C entry ``swk_layers`` (see kernels/cpu_decode.cpp). Call only after :func:`available` returned True."""
     return _lib.swk_layers
+
+
+def use_q_linear(address: int) -> None:
+    """Give the fused loop the block-format matmul (ops/cpu_quant.linear_address) its weight type 3 calls."""
+    _lib.swk_set_q_linear(ctypes.c_void_p(address))
 
 
 def layer_table_width() -> int:

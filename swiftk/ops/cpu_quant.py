@@ -20,7 +20,7 @@ from swiftk.ops import cpu_linear
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _NAMES = {v: k for k, v in TYPES.items()}
-_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_block_size", "swk_q_type_size", "swk_q_isa")
+_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_size", "swk_q_type_size", "swk_q_isa")
 _ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
 
 _lock = threading.Lock()
@@ -40,6 +40,7 @@ def _load() -> None:
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.swk_q_dequant.argtypes = [ctypes.c_int, p, i64, p]
     lib.swk_q_linear.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p]
+    lib.swk_q_linear_ld.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p, i64]
     for name in _SYMBOLS:
         getattr(lib, name).restype = ctypes.c_int
     lib.swk_q_block_size.argtypes = lib.swk_q_type_size.argtypes = [ctypes.c_int]
@@ -140,6 +141,29 @@ def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
     y = torch.empty(M, N, dtype=torch.float32)
     _check(_lib.swk_q_linear(xf.data_ptr(), M, K, w_raw.data_ptr(), int(qtype), N, y.data_ptr()), "linear")
     return y
+
+
+def linear_parts(x: torch.Tensor, parts, K: int) -> torch.Tensor:
+    """y [M, sum N_i] float32 = x [M, K] @ [W_1; W_2; ...].T for ``parts`` ((raw_i [N_i, bytes per row] uint8,
+    qtype_i), ...): a matrix whose row groups are stored in different formats (a GGUF file's q, k and v), each
+    group's kernel writing its column slice of one output. The caller has checked the parts (BlockWeight)."""
+    _need()
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    M = xf.shape[0]
+    N = sum(raw.shape[0] for raw, _ in parts)
+    y = torch.empty(M, N, dtype=torch.float32)
+    col, base = 0, y.data_ptr()
+    for raw, qtype in parts:
+        _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype), raw.shape[0],
+                                    base + 4 * col, N), "linear")
+        col += raw.shape[0]
+    return y
+
+
+def linear_address() -> int:
+    """The address of ``swk_q_linear_ld``, for kernels/cpu_decode.cpp's fused loop (swk_set_q_linear)."""
+    _need()
+    return ctypes.cast(_lib.swk_q_linear_ld, ctypes.c_void_p).value
 
 
 def _check(rc: int, what: str) -> None:
