@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0, help="0: torch's default (all cores)")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--weights", default=None, help="swiftk's weight format (default: swiftk's choice, native "
+                    "for a quantized GGUF on CPU; float32 for the dequantized path)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
 
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
-    eng = swiftk.load(a.model, persist=False)
+    eng = swiftk.load(a.model, persist=False, weights=a.weights)
     from swiftk.registry import resolve_model
 
     gguf = resolve_model(a.model)
@@ -95,6 +97,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"args": vars(a), "machine": machine_info(eng.device, threads), "gguf": str(gguf),
+            "weights": eng.info()["weights"] or "float32",
             "llamacpp": sorted(peers) or why}
     (out / f"drafting_{a.model}_{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}))
     (out / f"drafting_{a.model}_{stamp}.md").write_text(markdown(a, meta, summary))
@@ -142,16 +145,18 @@ def markdown(a, meta, summary) -> str:
     f = lambda x, s="{:.1f}": "–" if x is None else s.format(x)   # noqa: E731
     lines = [f"# Free drafting: {a.model}, {a.max_new_tokens} new tokens", "",
              f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
-             f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}`", "",
-             f"Machine: {meta['machine']}; llama.cpp arms: {meta['llamacpp']}", "",
+             f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}`" if a.weights else "`"),
+             "", f"Machine: {meta['machine']}; swiftk weights: {meta['weights']}; llama.cpp arms: {meta['llamacpp']}",
+             "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "
-             "llama.cpp AR | llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | accepted by source |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "llama.cpp AR | llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | default ÷ llama.cpp AR | "
+             "accepted by source |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for k, g in summary.items():
         lines.append(f"| {k} | {g['n']} | {f(g['swiftk-ar'])} | {f(g['swiftk'])} | {f(g['swiftk/ar'], '{:.2f}x')} | "
                      f"{f(g.get('decode_only'), '{:.2f}x')} | "
                      f"{f(g['pld/ar'], '{:.2f}x')} | {f(g['llamacpp-ar'])} | {f(g['llamacpp-pld'])} | "
                      f"{f(g['llamacpp-pld/its-ar'], '{:.2f}x')} | {f(g['swiftk/llamacpp-pld'], '{:.2f}x')} | "
+                     f"{f(g['swiftk'] / g['llamacpp-ar'] if g['swiftk'] and g['llamacpp-ar'] else None, '{:.2f}x')} | "
                      f"{g['accepted_by_source']} |")
     return "\n".join(lines) + "\n"
 

@@ -148,13 +148,13 @@ def first_diff(a, b):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def load_pair(model: str, device, dtype: str, need_hf: bool = True):
+def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None):
     """(swiftk engine, HF model or None, why-HF-is-missing). HF loads the same GGUF file swiftk reads."""
     import swiftk
     from swiftk.registry import resolve_model
 
     # cold: no state from earlier runs; trace: the per-round lists the tables and plots read
-    eng = swiftk.load(model, device=device, dtype=dtype, persist=False, trace=True)
+    eng = swiftk.load(model, device=device, dtype=dtype, persist=False, trace=True, weights=weights)
     hf, why = None, None
     if need_hf:
         from bench.hf_baselines import load_hf

@@ -9,6 +9,8 @@ Configurations (one process, measurements interleaved so machine noise hits them
 - ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu_decode.cpp) with swiftk's CPU matmul
   kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
+- ``kernel-native``: ``weights="native"``: the GGUF file's own blocks (kernels/cpu_quant.cpp in the fused loop);
+  the file's exact model, like llama.cpp's
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
 share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
@@ -34,9 +36,9 @@ import torch
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
-CONFIGS = ("torch-fp32", "linear-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8")
+CONFIGS = ("torch-fp32", "linear-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8", "kernel-native")
 WEIGHTS = {"torch-fp32": None, "linear-fp32": None, "kernel-fp32": None, "kernel-wbf16": "bfloat16",
-           "kernel-wint8": "int8"}
+           "kernel-wint8": "int8", "kernel-native": "native"}
 
 
 def use(config: str) -> None:
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
         threads = set_threads(a.threads)
         if not cpu_linear.available() and any(c.startswith("kernel") for c in configs):
             raise SwiftkError(f"CPU kernel unavailable: {cpu_linear.status()}")
-        base, hf, why = load_pair(a.model, "cpu", "float32", need_hf=not a.no_hf)
+        base, hf, why = load_pair(a.model, "cpu", "float32", need_hf=not a.no_hf, weights="float32")
         engines = {c: base if WEIGHTS[c] is None else swiftk.load(a.model, weights=WEIGHTS[c], persist=False)
                    for c in configs}   # the float32 configurations share one engine
         from swiftk import model as model_mod
@@ -190,6 +192,7 @@ def main(argv=None) -> int:
         print(f"# llama.cpp peer left out: {llm_why}")
     tot = {w: [0, 0.0] for w in who}
     same = {w: 0 for w in who}
+    same_fp32 = {w: 0 for w in who}   # native and llama.cpp: the file's model, float32 summation in another order
     for eng in engines.values():
         _swiftk_run(eng, items[0]["ids"], 8)
     if hf is not None:
@@ -216,12 +219,16 @@ def main(argv=None) -> int:
         for w in who:
             if ref is not None and first_diff(got[w]["token_ids"], ref["token_ids"]) is None:
                 same[w] += 1
+            if "kernel-fp32" in got and first_diff(got[w]["token_ids"], got["kernel-fp32"]["token_ids"]) is None:
+                same_fp32[w] += 1
     tps = {w: tot[w][0] / tot[w][1] for w in who}
-    gl = ["| config | tok/s | vs torch-fp32 | vs HF fp32 | vs llama.cpp | prompts identical to HF |",
-          "|---|---|---|---|---|---|"]
+    gl = ["| config | tok/s | vs torch-fp32 | vs kernel-fp32 | vs HF fp32 | vs llama.cpp | prompts identical to HF | "
+          "to kernel-fp32 |", "|---|---|---|---|---|---|---|---|"]
     for w in who:
-        vs = [f"{tps[w] / tps[r]:.2f}x" if r in tps else "-" for r in ("torch-fp32", "hf-fp32", "llama.cpp")]
-        gl.append(f"| {w} | {tps[w]:.1f} | {' | '.join(vs)} | {same[w] if hf is not None else '-'}/{len(items)} |")
+        vs = [f"{tps[w] / tps[r]:.2f}x" if r in tps else "-"
+              for r in ("torch-fp32", "kernel-fp32", "hf-fp32", "llama.cpp")]
+        gl.append(f"| {w} | {tps[w]:.1f} | {' | '.join(vs)} | {same[w] if hf is not None else '-'}/{len(items)} | "
+                  f"{same_fp32[w] if 'kernel-fp32' in who else '-'}/{len(items)} |")
     print("\n".join(gl))
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -230,6 +237,9 @@ def main(argv=None) -> int:
                "read_bandwidth_gb_s": bw, "linear": cpu_linear.status(), "workload": a.workload,
                "prompts": len(items), "max_new_tokens": a.max_new_tokens, "pass_costs": costs,
                "generate_tok_s": tps, "identical_to_hf": same if hf is not None else None,
+               "identical_to_kernel_fp32": same_fp32 if "kernel-fp32" in who else None,
+               "resident_weight_bytes": {c: engines[c].info()["resident_weight_bytes"] for c in configs},
+               "gguf_bytes": gguf.stat().st_size if gguf.is_file() else None,
                "llamacpp": None if llm is None else {"version": _llamacpp_version(), "gguf": str(gguf)},
                "llamacpp_missing": llm_why if llm is None else None,
                "command": "python -m bench.runtime " + " ".join(argv if argv is not None else sys.argv[1:])}

@@ -382,6 +382,7 @@ constexpr int MR_REG = 4, MT = 4;
 #else
 constexpr int MR_REG = 2, MT = 2;
 #endif
+constexpr int MR_WIDE_MAX = 32;  // AVX-512: passes up to this many rows run on register tiles of <= 8 rows
 constexpr int KS = 256;  // span: one K-quant superblock, or 8 blocks of 32
 constexpr int MB = 64;   // activation rows per pass of the span path (bounds its accumulator buffer)
 
@@ -503,7 +504,32 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
         default: break;
       }
     }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
-  } else {
+  }
+#if SWQ_ISA == 512
+  else if (M <= MR_WIDE_MAX) {
+    // Verify-sized passes: the M <= 4 register tiles over chunks of 4 activation rows, each row group's blocks
+    // decoded again per chunk from L1 (cheaper than parking accumulators in memory as the span path does).
+    over_rows<4>(N, K, [&](int64_t n0) {
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const float* xm = x + m0 * K;
+        float* ym = y + m0 * ldy;
+        switch (M - m0 < 4 ? M - m0 : 4) {
+          case 1: tile_reg<T, 4, 1>(xm, K, w, rb, ym, ldy, n0); break;
+          case 2: tile_reg<T, 4, 2>(xm, K, w, rb, ym, ldy, n0); break;
+          case 3: tile_reg<T, 4, 3>(xm, K, w, rb, ym, ldy, n0); break;
+          default: tile_reg<T, 4, 4>(xm, K, w, rb, ym, ldy, n0); break;
+        }
+      }
+    }, [&](int64_t n0) {
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int64_t mm = M - m0 < 4 ? M - m0 : 4;
+        if (mm == 1) tile_reg<T, 1, 1>(x + m0 * K, K, w, rb, y + m0 * ldy, ldy, n0);
+        else rows_span<T, 1>(x + m0 * K, mm, K, w, rb, y + m0 * ldy, ldy, n0);
+      }
+    });
+  }
+#endif
+  else {
     over_rows<4>(N, K, [&](int64_t n0) { rows_span<T, 4>(x, M, K, w, rb, y, ldy, n0); }, one);
   }
 }

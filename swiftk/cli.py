@@ -16,7 +16,7 @@ def _common(p):
     p.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--weights", default=None, choices=["bfloat16", "int8"],
+    p.add_argument("--weights", default=None, choices=["native", "float32", "bfloat16", "int8"],
                    help="CPU weight format read by swiftk's matmul kernel (float32 activations; a rounded model)")
 
 

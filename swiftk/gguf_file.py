@@ -334,9 +334,10 @@ def _dequantize(t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def read_blocks(f, t: GGUFTensor, where: str):
+def read_blocks(f, t: GGUFTensor, where: str, out=None):
     """A block-format tensor as a BlockWeight [rows, K], its bytes read from the open file ``f`` into memory the
-    process owns (pages read through the reader's map would stay resident beside them: twice the file)."""
+    process owns (pages read through the reader's map would stay resident beside them: twice the file); into
+    ``out`` (a [rows, bytes per row] uint8 view) when given."""
     from gguf import GGML_QUANT_SIZES
 
     from .weights import BlockWeight
@@ -347,7 +348,9 @@ def read_blocks(f, t: GGUFTensor, where: str):
     if K % bs or rb != K // bs * ts or rows * rb != t.n_bytes:
         raise SwiftkError(f"{where}: tensor {t.name} ({t.tensor_type.name}, {K} columns) should hold {K // bs * ts} "
                           f"bytes per row, its data has {rb}; the file is damaged")
-    buf = torch.empty((rows, rb), dtype=torch.uint8)
+    buf = torch.empty((rows, rb), dtype=torch.uint8) if out is None else out
+    if tuple(buf.shape) != (rows, rb) or buf.dtype != torch.uint8 or not buf.is_contiguous():
+        raise SwiftkError(f"{where}: tensor {t.name}: no room for {rows} rows of {rb} bytes in the given buffer")
     f.seek(t.offset)
     if f.readinto(memoryview(buf.numpy()).cast("B")) != rows * rb:
         raise SwiftkError(f"{where}: tensor {t.name} is truncated (the file ends inside its data)")

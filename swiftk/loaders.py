@@ -29,11 +29,13 @@ class Checkpoint:
     tensors: dict  # HF name -> torch.Tensor (CPU, requested dtype)
     tokenizer: Tokenizer
     identity: dict  # name, path, fingerprint, arch, n_layers: tags results (e.g. saved skip sets)
+    native: bool = False  # matrices kept in GGUF blocks (load_checkpoint(native=...))
 
 
-def load_checkpoint(path, dtype: torch.dtype = torch.float32, native: bool = False) -> Checkpoint:
+def load_checkpoint(path, dtype: torch.dtype = torch.float32, native=False) -> Checkpoint:
     """Load a ``.gguf`` file or a Hugging Face model directory. ``native``: a GGUF file's block-format matrices
-    stay in their blocks (weights.BlockWeight; float32 activations), everything else is converted to ``dtype``."""
+    stay in their blocks (weights.BlockWeight; float32 activations), everything else is converted to ``dtype``;
+    "auto": so when the file's layer matrices are block formats (``Checkpoint.native`` says what was done)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise SwiftkError(f"model path not found: {p}")
@@ -115,10 +117,37 @@ def _check_weights(name: str, t: torch.Tensor, where: str) -> None:
         raise SwiftkError(f"{where}: tensor {name} holds {bad} NaN or infinite value(s); the file is damaged")
 
 
+def _shared_buffers(cfg, by_name) -> dict:
+    """HF name -> its rows of one buffer per matrix the Model stacks (q, k, v; gate, up) when the pieces share a
+    block format: read into place, the stacked matrix is a view (weights.BlockWeight.cat), so a load never holds
+    a second copy of them (peak memory ~ the file, not 1.6x)."""
+    from .ops.cpu_quant import TYPES
+
+    out = {}
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        for names in ([p + f"self_attn.{n}_proj.weight" for n in "qkv"],
+                      [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]):
+            ts = [by_name[_hf_to_gguf_name(n)] for n in names]
+            if len({int(t.tensor_type) for t in ts}) != 1 or int(ts[0].tensor_type) not in TYPES.values():
+                continue
+            if len({t.data.shape[1] for t in ts}) != 1:
+                continue
+            buf = torch.empty((sum(t.data.shape[0] for t in ts), ts[0].data.shape[1]), dtype=torch.uint8)
+            row = 0
+            for n, t in zip(names, ts):
+                out[n] = buf[row : row + t.data.shape[0]]
+                row += t.data.shape[0]
+    return out
+
+
 def _unpermute_any(w, n_head: int):
-    """_unpermute on a float tensor or on a block weight's rows (a row permutation: blocks move whole)."""
+    """_unpermute on a float tensor or, in place, on a block weight's rows (a row permutation: blocks move
+    whole; in place keeps rows read into a shared buffer where they are)."""
     if isinstance(w, BlockWeight):
-        return BlockWeight(tuple((_unpermute(raw, n_head), t) for raw, t in w.parts), w.K)
+        for raw, _ in w.parts:
+            raw.copy_(_unpermute(raw, n_head))
+        return w
     return _unpermute(w, n_head)
 
 
@@ -147,22 +176,6 @@ def _check_tokenizer(tok: Tokenizer, cfg: ModelConfig, where: str) -> None:
 _MATRIX = re.compile(r"(_proj\.weight|embed_tokens\.weight|lm_head\.weight)$")
 
 
-def is_quantized_gguf(path) -> bool:
-    """Whether ``path`` is (or is a directory holding one) GGUF file whose layer matrices are block formats."""
-    p = Path(path)
-    if p.is_dir():
-        ggufs = sorted(p.glob("*.gguf"))
-        if len(ggufs) != 1 or (p / "config.json").is_file():
-            return False
-        p = ggufs[0]
-    if p.suffix != ".gguf" or not p.is_file():
-        return False
-    from .ops.cpu_quant import TYPES
-
-    ts = [int(t.tensor_type) for t in read_gguf(p).tensors if t.name.endswith("ffn_down.weight")]
-    return bool(ts) and all(t in TYPES.values() for t in ts)
-
-
 def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoint:
     gf = read_gguf(path)
     meta = gf.metadata
@@ -182,13 +195,16 @@ def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoi
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type {t.tensor_type.name} in tensor {g}")
     from .ops.cpu_quant import TYPES
 
+    if native == "auto":   # a quantized file: its layer matrices (not just the embedding) are block formats
+        native = all(int(t.tensor_type) in TYPES.values() for t in gf.tensors if t.name.endswith("ffn_down.weight"))
+    shared = _shared_buffers(cfg, by_name) if native else {}
     tensors = {}
     with open(path, "rb") as f:
         for hf in want:
             g = _hf_to_gguf_name(hf)
             t = by_name[g]
             if native and _MATRIX.search(hf) and int(t.tensor_type) in TYPES.values():
-                w = read_blocks(f, t, f"GGUF {path.name}")
+                w = read_blocks(f, t, f"GGUF {path.name}", out=shared.get(hf))
                 _check_blocks(g, w, f"GGUF {path.name}")
             else:
                 w = _dequantize(t, dtype)
@@ -210,7 +226,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoi
         "arch": cfg.arch,
         "n_layers": cfg.n_layers,
     }
-    return Checkpoint(cfg, tensors, tok, ident)
+    return Checkpoint(cfg, tensors, tok, ident, native=any(isinstance(t, BlockWeight) for t in tensors.values()))
 
 
 def _fingerprint(files) -> str:

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from .config import ModelConfig, rope_inv_freq
+from .devices import check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
 from .errors import SwiftkError, warn
 from .ops import cpu_linear, get_ops
 from .ops import reference as reference_ops
@@ -29,38 +30,7 @@ from .kvcache import KVCache
 from .skipset import SkipSet
 from .tree import TreeMask
 from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
-                      choose_cpu_linear_forms, fused_layer_table, linear, nbytes)
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype in _DTYPES.values():
-            return dtype
-    elif isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise SwiftkError(f"unsupported dtype {dtype!r}; use one of float32, bfloat16, float16")
-
-
-def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
-    # torch's CPU float16 matmuls are emulated and swiftk's CPU kernels read float32/bfloat16 only
-    if device.type == "cpu" and dtype == torch.float16:
-        raise SwiftkError("dtype float16 is for GPUs; on CPU use float32 (exact) or bfloat16")
-
-
-def resolve_device(device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise SwiftkError(f"invalid device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SwiftkError(f"device {device!r} requested but CUDA is not available on this machine")
-    if dev.type not in ("cpu", "cuda"):
-        raise SwiftkError(f"unsupported device type {dev.type!r}; use 'cpu' or 'cuda'")
-    return dev
-
+                      choose_cpu_linear_forms, formats, fused_layer_table, linear, named_weights, nbytes)
 
 @dataclass
 class Layer:
@@ -196,39 +166,13 @@ class Model:
         only by row); the roofline denominator."""
         return nbytes(self.lm_head) + nbytes(self.norm) + sum(nbytes(t) for t in self._layer_tensors())
 
-    def _named_weights(self):
-        """(GGUF-style name, weight) for every weight the model holds; layers share one name per kind."""
-        yield "token_embd", self.embed
-        yield "output_norm", self.norm
-        if self.lm_head is not self.embed:
-            yield "output", self.lm_head
-        for L in self.layers:
-            yield from (("blk.*.attn_norm", L.attn_norm), ("blk.*.attn_qkv", L.wqkv), ("blk.*.attn_output", L.wo),
-                        ("blk.*.ffn_norm", L.mlp_norm), ("blk.*.ffn_gate_up", L.w_gate_up),
-                        ("blk.*.ffn_down", L.w_down))
-            if L.bqkv is not None:
-                yield "blk.*.attn_qkv_bias", L.bqkv
-
     def resident_bytes(self) -> int:
         """Bytes the weights occupy in memory (the embedding included; a tied head counted once)."""
-        return sum(nbytes(t) for _, t in self._named_weights())
+        return sum(nbytes(t) for _, t in named_weights(self))
 
     def formats(self) -> dict:
-        """Storage format of each kind of weight: GGUF block type names, int8, or the float dtype in capitals."""
-        from .ops.cpu_quant import TYPES
-
-        names = {v: k for k, v in TYPES.items()}
-        out: dict = {}
-        for name, t in self._named_weights():
-            if isinstance(t, BlockWeight):
-                fs = {names[x] for x in t.types}
-            else:
-                fs = {"INT8" if isinstance(t, QWeight) else {torch.float32: "F32", torch.bfloat16: "BF16",
-                                                             torch.float16: "F16"}.get(t.dtype, str(t.dtype))}
-            out[name] = sorted(set(out.get(name, [])) | fs)
-        if self.lm_head is self.embed:
-            out["output"] = out["token_embd"]
-        return out
+        """Storage format per kind of weight (weights.formats)."""
+        return formats(self)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()

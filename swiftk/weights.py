@@ -83,12 +83,20 @@ class BlockWeight:
 
     @staticmethod
     def cat(ws) -> "BlockWeight":
-        """Row-stack block weights of one K; adjacent groups of one format become one group (one kernel call)."""
+        """Row-stack block weights of one K; adjacent groups of one format become one group (one kernel call):
+        a view when they lie back to back in one buffer (the loader reads them so), else a copy."""
         parts: list = []
         for w in ws:
             for raw, t in w.parts:
                 if parts and parts[-1][1] == t:
-                    parts[-1] = (torch.cat([parts[-1][0], raw]), t)
+                    prev = parts[-1][0]
+                    if (prev.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
+                            and prev.data_ptr() + prev.numel() == raw.data_ptr()):
+                        both = prev.new_empty(0).set_(prev.untyped_storage(), prev.storage_offset(),
+                                                      (prev.shape[0] + raw.shape[0], prev.shape[1]))
+                    else:
+                        both = torch.cat([prev, raw])
+                    parts[-1] = (both, t)
                 else:
                     parts.append((raw, t))
         return BlockWeight(tuple(parts), ws[0].K)
@@ -222,3 +230,34 @@ def fused_layer_table(layers, cache) -> tuple:
     if table.shape[1] != cpu_linear.layer_table_width():
         raise SwiftkError("kernels/cpu_decode.cpp's layer table does not match swiftk/weights.py")
     return table, torch.tensor(types, dtype=torch.int32)
+
+
+def named_weights(model):
+    """(GGUF-style name, weight) for every weight a Model holds; layers share one name per kind."""
+    yield "token_embd", model.embed
+    yield "output_norm", model.norm
+    if model.lm_head is not model.embed:
+        yield "output", model.lm_head
+    for L in model.layers:
+        yield from (("blk.*.attn_norm", L.attn_norm), ("blk.*.attn_qkv", L.wqkv), ("blk.*.attn_output", L.wo),
+                    ("blk.*.ffn_norm", L.mlp_norm), ("blk.*.ffn_gate_up", L.w_gate_up), ("blk.*.ffn_down", L.w_down))
+        if L.bqkv is not None:
+            yield "blk.*.attn_qkv_bias", L.bqkv
+
+
+def formats(model) -> dict:
+    """Storage format of each kind of weight: GGUF block type names, INT8, or the float dtype (F32, BF16, F16)."""
+    from .ops.cpu_quant import TYPES
+
+    names = {v: k for k, v in TYPES.items()}
+    floats = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    out: dict = {}
+    for name, t in named_weights(model):
+        if isinstance(t, BlockWeight):
+            fs = {names[x] for x in t.types}
+        else:
+            fs = {"INT8" if isinstance(t, QWeight) else floats.get(t.dtype, str(t.dtype))}
+        out[name] = sorted(set(out.get(name, [])) | fs)
+    if model.lm_head is model.embed:
+        out["output"] = out["token_embd"]
+    return out

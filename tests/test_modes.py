@@ -74,13 +74,13 @@ class _RowCounter:
         orig = model_mod.linear
 
         def counting(x, w):
-            self.rows[w.data_ptr()] = self.rows.get(w.data_ptr(), 0) + x.shape[0]
+            self.rows[id(w)] = self.rows.get(id(w), 0) + x.shape[0]
             return orig(x, w)
 
         monkeypatch.setattr(model_mod, "linear", counting)
 
     def of(self, w):
-        return self.rows.get(w.data_ptr(), 0)
+        return self.rows.get(id(w), 0)
 
 
 @pytest.mark.parametrize("mode", ["early_exit", "skip_set"])

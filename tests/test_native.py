@@ -161,13 +161,7 @@ def test_native_decoding_is_lossless_and_follows_the_file(files):
     a = nat.generate(prompt, max_new_tokens=40, method="autoregressive")
     assert nat.generate(prompt, max_new_tokens=40).token_ids == a.token_ids
     b = flt.generate(prompt, max_new_tokens=40, method="autoregressive")
-    ids = a.prompt_ids + b.token_ids
-    logits = flt.model.forward(torch.tensor(ids), torch.arange(len(ids)), torch.arange(len(ids)),
-                               flt.model.new_cache(len(ids)))[len(a.prompt_ids) - 1:-1]
-    top = logits.topk(2, dim=-1).values
-    close = ((top[:, 0] - top[:, 1]) < 1e-3 * logits.abs().max()).nonzero()
-    upto = int(close[0]) if len(close) else len(b.token_ids)
-    assert a.token_ids[:upto + 1] == b.token_ids[:upto + 1]
+    _agree_until_near_tie(flt, a.prompt_ids, b.token_ids, a.token_ids)
 
 
 def test_info_reports_formats_and_resident_bytes(files):
@@ -203,3 +197,29 @@ def test_a_damaged_block_tensor_is_named(files, tmp_path):
 def test_native_needs_block_tensors(tiny_dir):
     with pytest.raises(SwiftkError, match="native"):
         swiftk.load(str(tiny_dir), weights="native", persist=False)
+
+
+def _agree_until_near_tie(flt, prompt_ids, want, got, rel=1e-4):
+    """``got`` equals ``want`` (the float32 path's greedy tokens) up to and including the first step whose float32
+    top-2 logit margin is a near tie (there the two summation orders may rightly pick different tokens)."""
+    ids = prompt_ids + want
+    logits = flt.model.forward(torch.tensor(ids), torch.arange(len(ids)), torch.arange(len(ids)),
+                               flt.model.new_cache(len(ids)))[len(prompt_ids) - 1:-1]
+    top = logits.topk(2, dim=-1).values
+    close = ((top[:, 0] - top[:, 1]) < rel * logits.abs().max()).nonzero()
+    upto = int(close[0]) if len(close) else len(want)
+    assert got[:upto + 1] == want[:upto + 1], (upto, got, want)
+
+
+def test_real_file_native_is_the_default_and_decodes_as_the_float32_path(smollm2_path):
+    """SmolLM2-135M's Q4_1 file: native by default, resident weights within 1.1x the file, and greedy output equal
+    to the dequantized float32 path's (up to a near tie), autoregressive and speculative."""
+    nat = swiftk.load(str(smollm2_path), persist=False)
+    flt = swiftk.load(str(smollm2_path), persist=False, weights="float32")
+    assert nat.info()["weights"] == "native" and flt.info()["weights"] is None
+    assert nat.info()["resident_weight_bytes"] <= 1.1 * smollm2_path.stat().st_size
+    for prompt in ("def is_prime(n):\n", "Write a short story about a robot learning to paint."):
+        want = flt.generate(prompt, max_new_tokens=32, method="autoregressive")
+        for method in ("autoregressive", "swift"):
+            got = nat.generate(prompt, max_new_tokens=32, method=method)
+            _agree_until_near_tie(flt, want.prompt_ids, want.token_ids, got.token_ids)
