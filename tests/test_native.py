@@ -223,3 +223,17 @@ def test_real_file_native_is_the_default_and_decodes_as_the_float32_path(smollm2
         for method in ("autoregressive", "swift"):
             got = nat.generate(prompt, max_new_tokens=32, method=method)
             _agree_until_near_tie(flt, want.prompt_ids, want.token_ids, got.token_ids)
+
+
+def test_a_nan_block_scale_is_named(files, tmp_path):
+    from swiftk.gguf_file import read_gguf
+
+    path, _ = files["Q4_1"]
+    t = next(t for t in read_gguf(path).tensors if t.name == "blk.2.ffn_up.weight")
+    data = bytearray(path.read_bytes())
+    at = t.offset + 5 * t.data.shape[1] + 2 * 20 + 2   # row 5, block 2, its float16 min
+    data[at:at + 2] = np.array([np.nan], dtype=np.float16).view(np.uint8).tobytes()
+    bad = tmp_path / "nan.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SwiftkError, match=r"blk\.2\.ffn_up\.weight has NaN"):
+        swiftk.load(str(bad), weights="native", persist=False)
