@@ -35,6 +35,7 @@ extern "C" {
 #define SWK_W_FLOAT32 0  /* float32 */
 #define SWK_W_BFLOAT16 1 /* bfloat16 bits (uint16, the top half of a float32) */
 #define SWK_W_INT8 2     /* int8, row n times a float32 scale[n]: W ~= q * scale[:, None] (symmetric per row) */
+#define SWK_W_BLOCKS 3   /* swk_layers only: GGUF block formats, the address an int64 descriptor (see swk_layers) */
 
 /* Skinny matmul for decoding (M of a few rows up to ~32; any M works):
  *   y[M, N] = x[M, K] @ W[N, K]^T            (wt SWK_W_FLOAT32 / SWK_W_BFLOAT16, scale must be NULL)
@@ -73,9 +74,9 @@ enum swk_layer_ptr {
  *   MLP (skipped iff flags[2l + 1]):     x = rmsnorm(h) * mlp_norm; [g|u] = x @ Wgu^T; h += (silu(g) * u) @ Wdown^T
  * rmsnorm(h) = h / sqrt(mean(h^2) + eps). The final norm and LM head are the caller's (swk_linear).
  *   table   [n_layers, SWK_LAYER_TABLE_WIDTH] addresses (offset the pointer to start at a later layer)
- *   wtypes  [n_layers, 4] int: weight types of Wqkv, Wo, Wgu, Wdown (0 float32, 1 bfloat16, 2 int8 + scale,
- *           3 GGUF blocks: the weight address is an int64 descriptor {n_parts, (address, ggml type, rows)...},
- *           computed by the function given to swk_set_q_linear)
+ *   wtypes  [n_layers, 4] int: weight types (SWK_W_*) of Wqkv, Wo, Wgu, Wdown; SWK_W_BLOCKS: the weight address
+ *           is an int64 descriptor {n_parts, (address, ggml type, rows) per part}: row groups of GGUF blocks
+ *           stacked in order, computed by the function given to swk_set_q_linear
  *   flags   [n_layers, 2] bytes: attention / MLP sublayer skipped (all 0 for the full model)
  *   slots   [T] int64 in [0, max_slots): cache slot each new token's k, v are written to
  *   cos_t, sin_t [T, hd/2] float32: cos/sin(position[t] * inv_freq[i]), inv_freq[i] = theta^(-2i/hd)
