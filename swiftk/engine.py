@@ -51,7 +51,7 @@ class Engine:
                  persist: Optional[bool] = None, weights: Optional[str] = None, drafter=None,
                  cuda_graphs: Optional[bool] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
-        ``weights``: None, "bfloat16" or "int8": a compressed CPU weight format (see :class:`Model`).
+        ``weights``: None, "native" (blocks: load_checkpoint(native=True)), "bfloat16" or "int8" (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
         ``method="moa"`` (experimental; default: found by model name). ``cuda_graphs``: None (on for a CUDA
@@ -382,12 +382,11 @@ class Engine:
     def info(self) -> dict:
         from .ops import cpu_linear, describe
 
-        c = self.config
-        o = self.state.optimizer
+        c, o = self.config, self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "weights": self.model.weights,
-                "parameters": self.model.n_params(),
-                "weight_bytes": self.model.weight_bytes(), "resident_weight_bytes": self.model.resident_bytes(),
+                "parameters": self.model.n_params(), "weight_bytes": self.model.weight_bytes(),
+                "resident_weight_bytes": self.model.resident_bytes(),
                 "weight_formats": self.model.formats(), "max_context": self.max_context,
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
