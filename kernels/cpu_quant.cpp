@@ -3,16 +3,20 @@
 // float32; plus the plain dequantization, equal bit for bit to gguf.quants.dequantize (the spec for the layouts).
 // Python binding: swiftk/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
 //
-// Why: reading a 4-6 bit weight costs a fraction of a float32 one, and a decode step is bound by the weight reads;
-// the dequantization is a few integer ops per 16 weights, done once per weight and shared by every activation row.
+// Why: reading a 4-6 bit weight costs a fraction of a float32 one; the dequantization is a few vector ops per 16
+// weights, done once per weight and shared by every activation row. Those ops, not the reads, then bound a decode
+// step, so Q4_K (the bulk of Q4_K_M files) has an AVX-512 path with its scales factored out of the dot products.
 //
-// Batch invariance (as kernels/cpu_linear.cpp): each y[m, n] is one vector accumulator summed in k order, then one
-// fixed lane reduction, whatever M, the tiling or the thread count.
+// Batch invariance (as kernels/cpu_linear.cpp): each y[m, n] is one fixed sequence of vector ops in k order (per
+// format and ISA), then one fixed lane reduction, whatever M, the tiling or the thread count.
 //
 // ISA: AVX-512 (F/BW/VL) or AVX2+FMA+F16C by the -march macros, else portable C++ (same code over an 8-float
 // struct). The block decoders are written once over a few 16-byte primitives that exist in each ISA.
 #include <stdint.h>
 #include <string.h>
+
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SWQ_ISA 512
@@ -484,8 +488,146 @@ void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
   }
 }
 
+#if SWQ_ISA == 512
+// ---- Q4_K with its scales factored out (AVX-512) ------------------------------------------------------------------
+// sum_i (a q_i - b) x_i = a sum_i q_i x_i - b sum_i x_i per 32-element chunk: the 4-bit quants become floats with one
+// shift and one table permute, and a and b are applied once per chunk instead of once per weight (fewer vector ops
+// per weight: the decode step is bound by them, docs/performance.md). The quants are read as 32-bit lanes of 4 bytes, so x is permuted once per call into
+// the order the lanes yield (xp) and each chunk's sum of x is precomputed (xs). Every path (any M, any tile) runs
+// the same per-(row, activation) sequence below, which keeps the batch invariance.
+//
+// Lanes: v0 holds bytes [0,16) [32,48) [64,80) [96,112) of qs, v1 bytes [16,32) [48,64) [80,96) [112,128). Lane j's
+// byte s (step v = s, or 4 + s for v1) nibble h is element 32 (2 (j / 4) + h) + 16 (v / 4) + 4 (j % 4) + s.
+struct Q4K {
+  __m512i v0, v1;
+  __m512 a0, a1, b;  // per lane: the scale of its chunk for h = 0 and 1; b: the 8 chunks' mins, then 8 zeros
+};
+
+inline Q4K q4k_load(const uint8_t* blk) {
+  float a[8], b[8];
+  k_scales(blk, a, b);
+  const uint8_t* qs = blk + 16;
+  auto quarter = [&](int o) { return _mm_loadu_si128((const __m128i*)(qs + o)); };
+  Q4K q;
+  q.v0 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(quarter(0)), quarter(32), 1),
+                                               quarter(64), 2), quarter(96), 3);
+  q.v1 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(quarter(16)), quarter(48), 1),
+                                               quarter(80), 2), quarter(112), 3);
+  const __m512 a16 = _mm512_castps256_ps512(_mm256_loadu_ps(a));
+  q.a0 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), a16);
+  q.a1 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), a16);
+  q.b = _mm512_zextps256_ps512(_mm256_loadu_ps(b));
+  return q;
+}
+
+// The 16 quants (as floats 0..15) of step v, nibble h: vpermps reads only each lane's low 4 bits.
+inline __m512 q4k_q(const Q4K& q, int h, int v) {
+  const __m512i src = v < 4 ? q.v0 : q.v1;
+  const int sh = 8 * (v % 4) + 4 * h;
+  const __m512 iota16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_permutexvar_ps(sh ? _mm512_srli_epi32(src, sh) : src, iota16);
+}
+
+// x [M, K] -> xp [M, K] (each 256-block in lane order: h * 128 + 16 v + j) and xs [M, K / 16] (per block: its 8
+// chunk sums, then 8 zeros, matching Q4K::b).
+void q4k_prepare(const float* x, int64_t M, int64_t K, float* xp, float* xs) {
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t b = 0; b < K / 256; b++) {
+      const float* xb = x + m * K + b * 256;
+      float* o = xp + m * K + b * 256;
+      for (int h = 0; h < 2; h++)
+        for (int v = 0; v < 8; v++)
+          for (int j = 0; j < 16; j++)
+            o[h * 128 + v * 16 + j] = xb[32 * (2 * (j / 4) + h) + 16 * (v / 4) + 4 * (j % 4) + v % 4];
+      float* s = xs + m * (K / 16) + b * 16;
+      for (int c = 0; c < 8; c++) {
+        float t = 0.f;
+        for (int i = 0; i < 32; i++) t += xb[32 * c + i];
+        s[c] = t;
+        s[8 + c] = 0.f;
+      }
+    }
+}
+
+// One block of one weight row against one activation row: the sequence every path below runs.
+//   for h: P = q(h, 0) * x + q(h, 1) * x + ... (in v order); acc += P * a_h;   then acc -= b * xs
+template <int R, int M_>
+void q4k_tile(const float* xp, const float* xs, int64_t K, const uint8_t* w, int64_t rb, float* y, int64_t ldy,
+              int64_t n0) {
+  vec acc[R][M_];
+  for (int r = 0; r < R; r++)
+    for (int m = 0; m < M_; m++) acc[r][m] = vzero();
+  const uint8_t* wr = w + n0 * rb;
+  const int64_t nb = K / 256, pf = pf_distance(R * rb);
+  for (int64_t blk = 0; blk < nb; blk++) {
+    const float* xb = xp + blk * 256;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      prefetch_block<144>(wr + r * rb + blk * 144 + pf);
+      const Q4K q = q4k_load(wr + r * rb + blk * 144);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        vec P[M_];
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+          const vec qf = q4k_q(q, h, v);
+          for (int m = 0; m < M_; m++) {
+            const vec xv = vld(xb + m * K + h * 128 + 16 * v);
+            P[m] = v ? vfma(qf, xv, P[m]) : _mm512_mul_ps(qf, xv);
+          }
+        }
+        for (int m = 0; m < M_; m++) acc[r][m] = vfma(P[m], h ? q.a1 : q.a0, acc[r][m]);
+      }
+      for (int m = 0; m < M_; m++)
+        acc[r][m] = _mm512_fnmadd_ps(q.b, vld(xs + m * (K / 16) + blk * 16), acc[r][m]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int m = 0; m < M_; m++) y[m * ldy + n0 + r] = vsum(acc[r][m]);
+}
+
+void q4k_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
+  const int64_t rb = K / 256 * 144;
+  thread_local std::vector<float> buf;
+  buf.resize((size_t)(M * K + M * (K / 16)));
+  float* xp = buf.data();
+  float* xs = xp + M * K;
+  q4k_prepare(x, M, K, xp, xs);
+  if (M == 1) {  // 8 rows: enough independent FMA chains at one activation row
+    over_rows<8>(N, K, [&](int64_t n0) { q4k_tile<8, 1>(xp, xs, K, w, rb, y, ldy, n0); },
+                 [&](int64_t n0) { q4k_tile<1, 1>(xp, xs, K, w, rb, y, ldy, n0); });
+    return;
+  }
+  // any other M: register tiles over chunks of <= 4 activation rows, each row group's blocks decoded again per
+  // chunk from L1 (measured as fast as a decode-once span path up to 128 rows, and simpler)
+  auto rows = [&](auto r_const, int64_t n0) {
+    constexpr int R = decltype(r_const)::value;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const float* xm = xp + m0 * K;
+      const float* sm = xs + m0 * (K / 16);
+      float* ym = y + m0 * ldy;
+      switch (M - m0 < 4 ? M - m0 : 4) {
+        case 1: q4k_tile<R, 1>(xm, sm, K, w, rb, ym, ldy, n0); break;
+        case 2: q4k_tile<R, 2>(xm, sm, K, w, rb, ym, ldy, n0); break;
+        case 3: q4k_tile<R, 3>(xm, sm, K, w, rb, ym, ldy, n0); break;
+        default: q4k_tile<R, 4>(xm, sm, K, w, rb, ym, ldy, n0); break;
+      }
+    }
+  };
+  over_rows<4>(N, K, [&](int64_t n0) { rows(std::integral_constant<int, 4>(), n0); },
+               [&](int64_t n0) { rows(std::integral_constant<int, 1>(), n0); });
+  if (buf.size() > (1 << 22)) std::vector<float>().swap(buf);  // a prefill's copy is not kept past its call
+}
+#endif
+
 template <int T>
 void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
+#if SWQ_ISA == 512
+  if constexpr (T == Q4_K) {
+    q4k_linear(x, M, K, w, N, y, ldy);
+    return;
+  }
+#endif
   const int64_t rb = K / Fmt<T>::BS * Fmt<T>::TS;  // bytes per weight row
   auto one = [&](int64_t n0) {
     if (M == 1) tile_reg<T, 1, 1>(x, K, w, rb, y, ldy, n0);

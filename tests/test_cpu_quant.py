@@ -95,7 +95,7 @@ def test_linear_equals_torch_and_batch_invariant(name):
     check_linear(cpu_quant.linear, name, Ms=(1, 2, 3, 4, 5, 17))
 
 
-@pytest.mark.parametrize("name,M", [("Q4_K", 11), ("Q6_K", 70)])
+@pytest.mark.parametrize("name,M", [("Q4_K", 11), ("Q4_K", 70), ("Q6_K", 70)])
 def test_rows_alone_equal_rows_together(name, M):
     """Also past 64 rows, where the span path takes the rows in passes."""
     raw = _blocks(name, 9, 512, seed=M)
