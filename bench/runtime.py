@@ -15,8 +15,9 @@ Configurations (one process, measurements interleaved so machine noise hits them
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
 share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
 next to the share of bytes that draft step reads, and the same draft step with the reduced-vocabulary draft head
-``generate`` uses (``draft_vocab`` frequent tokens plus the context's). Part 2: greedy ``generate`` tok/s of each configuration and of
-HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF, and of
+``generate`` uses (``draft_vocab`` frequent tokens plus the context's), and a ``--prefill``-token prefill (the
+time to first token) per configuration and for llama.cpp. Part 2: greedy ``generate`` tok/s of each configuration
+and of HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF, and of
 llama.cpp on the same GGUF file when llama-cpp-python is installed (bench/llamacpp.py; ``--no-llamacpp`` leaves it
 out): it runs the file's quantized blocks, so its ratio is the one to hold the opt-in ``int8`` format against.
 Writes ``runtime_<model>_<device>_<date>.json`` and ``.md`` under ``--out``.
@@ -126,6 +127,28 @@ def pass_costs(engines: dict, reps: int) -> dict:
     return out
 
 
+def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
+    """Seconds (best of ``reps``) of a ``P``-token prefill with logits for the last token (what generate runs), per
+    configuration and for llama.cpp (``Llama.eval``, its own batching) when given: the time to first token."""
+    ids = torch.arange(P) % 1000 + 100
+    best = {}
+    for c, eng in engines.items():
+        use(c)
+        cache = eng.model.new_cache(P + 8)
+        for r in range(reps):
+            cache.reset()
+            dt = _time(lambda: eng.model.forward(ids, torch.arange(P), torch.arange(P), cache,
+                                                 logits_idx=torch.tensor([P - 1])))
+            best[c] = min(best.get(c, float("inf")), dt)
+        use("kernel-fp32")
+    if llm is not None:
+        for r in range(reps):
+            llm.reset()
+            best["llama.cpp"] = min(best.get("llama.cpp", float("inf")), _time(lambda: llm.eval(ids.tolist())))
+        llm.reset()
+    return best
+
+
 def main(argv=None) -> int:
     from bench.e2e import _hf_run, _swiftk_run, build_prompts, device_kind, first_diff, load_pair, set_threads
 
@@ -139,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llamacpp", action="store_true", help="leave out the llama.cpp peer even if installed")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill timing (0: leave it out)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     configs = [c for c in a.configs.split(",") if c]
@@ -185,6 +209,12 @@ def main(argv=None) -> int:
                      f"{r['verify16']:.2f} | {r['draft']:.2f} | {r['draft_bytes_share']:.2f} | "
                      f"{r['draft_vh']:.2f} | {r['draft_vh'] / r['draft']:.2f} |")
     print("\n".join(lines))
+    pre = prefill_costs(engines, llm, a.prefill) if a.prefill else {}
+    if pre:
+        pl = [f"| prefill {a.prefill} tokens | " + " | ".join(pre) + " |", "|---" * (len(pre) + 1) + "|",
+              "| ms | " + " | ".join(f"{v * 1e3:.0f}" for v in pre.values()) + " |"]
+        print("\n".join(pl))
+        lines += [""] + pl
 
     # Part 2: generate, interleaved per prompt (rotating order).
     who = configs + ([] if hf is None else ["hf-fp32"]) + ([] if llm is None else ["llama.cpp"])
@@ -236,6 +266,7 @@ def main(argv=None) -> int:
     summary = {"model": a.model, "date": stamp, "threads": threads, "cpu": platform.processor(),
                "read_bandwidth_gb_s": bw, "linear": cpu_linear.status(), "workload": a.workload,
                "prompts": len(items), "max_new_tokens": a.max_new_tokens, "pass_costs": costs,
+               "prefill_s": pre, "prefill_tokens": a.prefill,
                "generate_tok_s": tps, "identical_to_hf": same if hf is not None else None,
                "identical_to_kernel_fp32": same_fp32 if "kernel-fp32" in who else None,
                "resident_weight_bytes": {c: engines[c].info()["resident_weight_bytes"] for c in configs},

@@ -157,9 +157,11 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     T = x.shape[0]
     if T == 0:   # no rows asked for (e.g. logits_idx empty): the kernel takes none
         return x.new_empty(0, w.shape[0])
-    if isinstance(w, BlockWeight):   # every pass size: the block kernel amortises each block over all T rows
+    if isinstance(w, BlockWeight):   # the block kernel amortises each block over all T rows; prefills take GEMM
         from .ops import cpu_quant
 
+        if T >= cpu_quant.PANEL_MIN_ROWS:
+            return cpu_quant.linear_panels(x, w.parts, w.K)
         return cpu_quant.linear_parts(x, w.parts, w.K)
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)

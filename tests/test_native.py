@@ -151,6 +151,27 @@ def test_native_equals_the_dequantized_float32_path(files, fmt, fused):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("fmt", ["Q4_1", "mixed"])
+def test_a_long_prefill_takes_the_gemm_panels_and_agrees(files, fmt):
+    """Passes of >= cpu_quant.PANEL_MIN_ROWS rows de-quantize panels for torch's GEMM: the logits, and the KV cache
+    the next step reads, still match the float32 path."""
+    from swiftk.ops import cpu_quant
+
+    nat, ref = _models(files[fmt][0])
+    n = cpu_quant.PANEL_MIN_ROWS + 5
+    ids = torch.tensor([(7 * i + 3) % 250 + 1 for i in range(n + 1)])
+    out = []
+    for m in (nat, ref):
+        cache = m.new_cache(n + 8)
+        a = m.forward(ids[:n], torch.arange(n), torch.arange(n), cache)
+        b = m.forward(ids[n:], torch.tensor([n]), torch.tensor([n]), cache, start=n)
+        out.append(torch.cat([a, b]))
+    got, want = out
+    err = (got - want).abs().max() / want.abs().max()
+    assert err < 2e-4, f"{fmt}: relative error {err:.2e}"
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
 def test_native_decoding_is_lossless_and_follows_the_file(files):
     """Greedy: speculative decoding on native weights equals its own autoregressive output, and that equals the
     float32 path's wherever the float32 path's top-2 margin is not a near tie."""

@@ -160,6 +160,30 @@ def linear_parts(x: torch.Tensor, parts, K: int) -> torch.Tensor:
     return y
 
 
+PANEL_MIN_ROWS = 128   # passes this long (prefills: verify passes stop at 65 rows) take linear_panels
+_PANEL = 256           # weight rows de-quantized per GEMM call (~1.5-9 MB of float32 at K = 1536-8960)
+
+
+def linear_panels(x: torch.Tensor, parts, K: int) -> torch.Tensor:
+    """linear_parts for long passes: ``_PANEL`` weight rows at a time de-quantized to float32 and multiplied by
+    torch's GEMM, which runs float32 FMAs faster than the block kernel's register tiles once each block would be
+    decoded again for every 4 activation rows. Same weights, float32 accumulation in another order: prefill rows do
+    not need to match decode steps bit for bit (speculation compares verify passes, <= 65 rows, with steps)."""
+    _need()
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    M = xf.shape[0]
+    N = sum(raw.shape[0] for raw, _ in parts)
+    y = torch.empty(M, N, dtype=torch.float32)
+    col = 0
+    for raw, qtype in parts:
+        for r0 in range(0, raw.shape[0], _PANEL):
+            rows = raw[r0:r0 + _PANEL]
+            wf = dequant(qtype, rows, rows.shape[0] * int(K)).view(rows.shape[0], int(K))
+            y[:, col:col + rows.shape[0]].copy_(xf @ wf.T)
+            col += rows.shape[0]
+    return y
+
+
 def linear_address() -> int:
     """The address of ``swk_q_linear_ld``, for kernels/cpu_decode.cpp's fused loop (swk_set_q_linear)."""
     _need()
