@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+import torch
+
 from ..drafter import draft, matchness
 from ..skipset import SkipSet, to_layers
 from ..state import calibration_bin
@@ -80,7 +82,7 @@ class LayerSkipDraft(ModelDrafter):
     def optimize(self, s) -> str:
         """One search step when its budget allows; returns the round's phase."""
         opt, st = self.opt, self.state
-        if opt is None or opt.done:
+        if opt is None or opt.done or s.gate.auto and not self._can_pay():
             return "accelerate"
         W, t = st.cfg.context_window, time.perf_counter()
         cost = self.costs.opt or self.costs.v(W)   # of one search step: within budget of the time decoded so far
@@ -149,6 +151,21 @@ class LayerSkipDraft(ModelDrafter):
         if self.state.cfg.objective != "speed" or o.best_score >= 1.0:
             return b
         return b / 2 if o.steps < _EXPLORE else b / 5
+
+    def _can_pay(self) -> bool:
+        """Whether the lightest set the search may pick would beat plain decoding if every drafted token were
+        accepted, at the measured step, draft and verify costs. Where it would not (small models on CPU blocks,
+        whose verify passes cost several steps) a search step is time lost; the check follows the costs as they
+        are measured, so a cheaper verify (a GPU, a larger model) lets the search run again."""
+        o, c = self.state.optimizer, self.costs
+        L, n = o.n // 2, o.skip_count
+        heavy, light = (1, 0) if c.mlp_bytes >= c.attn_bytes else (0, 1)   # sublayer kinds, heavier first
+        k = min(n, L - 2)
+        mask = torch.zeros(o.n, dtype=torch.bool)
+        mask[[2 * i + heavy for i in range(1, 1 + k)]] = True
+        mask[[2 * i + light for i in range(1, 1 + min(n - k, L - 2))]] = True
+        kf = c.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
+        return c.expected_rate(1.0, kf) >= 1.0
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
         """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
