@@ -54,6 +54,11 @@ class CostModel:
         self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
         self.opt: Optional[float] = None      # seconds of one matchness pass
 
+    @property
+    def clock(self) -> int:
+        """Observations so far: callers caching a figure derived from the model refresh it as this advances."""
+        return self._clock
+
     # ---- observations
     def observe_step(self, dt: float) -> None:
         self.step = ema(self.step, dt)

@@ -392,6 +392,19 @@ def test_one_token_calls_never_enter_the_loop(eng, method, kw):
     assert out.token_ids == ar(eng, n=1) and out.stats.rounds == 0 and out.finish_reason == "length"
 
 
+@pytest.mark.parametrize("verify,draft,searches", [(2.0, 1.0, False), (1.0, 0.5, True)])
+def test_no_search_where_even_full_acceptance_cannot_pay(eng, verify, draft, searches):
+    """A draft step costing a plain step and a verify pass of 2 steps: k drafts always accepted give k + 1 tokens
+    for k + 2 steps, slower than plain decoding, so the skip-set search never spends a step; with cheap drafts and
+    verify passes it searches as before. The output is the same."""
+    ref = ar(eng, n=64)
+    eng.costs = _Costs(eng.model, verify=verify, draft=draft)
+    eng.reset_optimizer(context_window=8, opt_budget=1.0)
+    out = eng.generate(PROMPT, max_new_tokens=64, ngram=False, history=False, recycle=False, datastore=False)
+    assert out.token_ids == ref
+    assert (eng.optimizer.steps > 0) == searches, eng.optimizer.steps
+
+
 def test_search_budget_follows_what_it_has_found():
     """Half the budget for the first candidates, the full budget once a set is expected to pay, a fifth after the
     first candidates found none; the paper's matchness objective always gets the full budget."""

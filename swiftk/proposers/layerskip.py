@@ -60,6 +60,7 @@ class LayerSkipDraft(ModelDrafter):
         self.opt = state.optimizer if search and skip is None else None
         self.kvq = kvq
         self._set: Optional[SkipSet] = None
+        self._pay_memo: Optional[tuple] = None   # (cost clock, _can_pay's answer then)
 
     # ---- what the round asks
     def skip(self, device) -> SkipSet:
@@ -158,6 +159,8 @@ class LayerSkipDraft(ModelDrafter):
         whose verify passes cost several steps) a search step is time lost; the check follows the costs as they
         are measured, so a cheaper verify (a GPU, a larger model) lets the search run again."""
         o, c = self.state.optimizer, self.costs
+        if self._pay_memo is not None and c.clock - self._pay_memo[0] < 32:   # costs move slowly: not every round
+            return self._pay_memo[1]
         L, n = o.n // 2, o.skip_count
         heavy, light = (1, 0) if c.mlp_bytes >= c.attn_bytes else (0, 1)   # sublayer kinds, heavier first
         k = min(n, L - 2)
@@ -165,7 +168,8 @@ class LayerSkipDraft(ModelDrafter):
         mask[[2 * i + heavy for i in range(1, 1 + k)]] = True
         mask[[2 * i + light for i in range(1, 1 + min(n - k, L - 2))]] = True
         kf = c.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
-        return c.expected_rate(1.0, kf) >= 1.0
+        self._pay_memo = (c.clock, c.expected_rate(1.0, kf) >= 1.0)
+        return self._pay_memo[1]
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
         """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
