@@ -160,8 +160,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if isinstance(w, BlockWeight):   # the block kernel amortises each block over all T rows; prefills take GEMM
         from .ops import cpu_quant
 
-        if T >= cpu_quant.PANEL_MIN_ROWS:
-            return cpu_quant.linear_panels(x, w.parts, w.K)
         return cpu_quant.linear_parts(x, w.parts, w.K)
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)

@@ -97,7 +97,7 @@ def test_linear_equals_torch_and_batch_invariant(name):
 
 @pytest.mark.parametrize("name,M", [("Q4_K", 11), ("Q4_K", 70), ("Q6_K", 70)])
 def test_rows_alone_equal_rows_together(name, M):
-    """Also past 64 rows, where the span path takes the rows in passes."""
+    """Also past 64 rows, where the span path (Q6_K) or the 4-row tiles (Q4_K on AVX-512) take the rows in passes."""
     raw = _blocks(name, 9, 512, seed=M)
     x = torch.randn(M, 512, generator=torch.Generator().manual_seed(M))
     w = torch.from_numpy(raw)

@@ -143,10 +143,15 @@ def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
     return y
 
 
+PANEL_MIN_ROWS = 128   # passes this long (prefills: verify passes stop at 65 rows) take _panels_into
+_PANEL = 256           # weight rows de-quantized per GEMM call (~1.5-9 MB of float32 at K = 1536-8960)
+
+
 def linear_parts(x: torch.Tensor, parts, K: int) -> torch.Tensor:
     """y [M, sum N_i] float32 = x [M, K] @ [W_1; W_2; ...].T for ``parts`` ((raw_i [N_i, bytes per row] uint8,
     qtype_i), ...): a matrix whose row groups are stored in different formats (a GGUF file's q, k and v), each
-    group's kernel writing its column slice of one output. The caller has checked the parts (BlockWeight)."""
+    group writing its column slice of one output: by the block kernel, or for passes of >= ``PANEL_MIN_ROWS``
+    rows by :func:`_panels_into`. The caller has checked the parts (BlockWeight)."""
     _need()
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M = xf.shape[0]
@@ -154,34 +159,24 @@ def linear_parts(x: torch.Tensor, parts, K: int) -> torch.Tensor:
     y = torch.empty(M, N, dtype=torch.float32)
     col, base = 0, y.data_ptr()
     for raw, qtype in parts:
-        _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype), raw.shape[0],
-                                    base + 4 * col, N), "linear")
+        if M >= PANEL_MIN_ROWS:
+            _panels_into(xf, raw, qtype, int(K), y[:, col:col + raw.shape[0]])
+        else:
+            _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype), raw.shape[0],
+                                        base + 4 * col, N), "linear")
         col += raw.shape[0]
     return y
 
 
-PANEL_MIN_ROWS = 128   # passes this long (prefills: verify passes stop at 65 rows) take linear_panels
-_PANEL = 256           # weight rows de-quantized per GEMM call (~1.5-9 MB of float32 at K = 1536-8960)
-
-
-def linear_panels(x: torch.Tensor, parts, K: int) -> torch.Tensor:
-    """linear_parts for long passes: ``_PANEL`` weight rows at a time de-quantized to float32 and multiplied by
-    torch's GEMM, which runs float32 FMAs faster than the block kernel's register tiles once each block would be
-    decoded again for every 4 activation rows. Same weights, float32 accumulation in another order: prefill rows do
-    not need to match decode steps bit for bit (speculation compares verify passes, <= 65 rows, with steps)."""
-    _need()
-    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-    M = xf.shape[0]
-    N = sum(raw.shape[0] for raw, _ in parts)
-    y = torch.empty(M, N, dtype=torch.float32)
-    col = 0
-    for raw, qtype in parts:
-        for r0 in range(0, raw.shape[0], _PANEL):
-            rows = raw[r0:r0 + _PANEL]
-            wf = dequant(qtype, rows, rows.shape[0] * int(K)).view(rows.shape[0], int(K))
-            y[:, col:col + rows.shape[0]].copy_(xf @ wf.T)
-            col += rows.shape[0]
-    return y
+def _panels_into(xf: torch.Tensor, raw: torch.Tensor, qtype, K: int, out: torch.Tensor) -> None:
+    """out [M, n] = xf @ W.T with ``_PANEL`` rows of W at a time de-quantized to float32 for torch's GEMM, which
+    runs the float32 FMAs faster than the block kernel's register tiles once each block would be decoded again for
+    every 4 activation rows. Same weights, float32 accumulation in another order: prefill rows need not match
+    decode steps bit for bit (speculation compares verify passes, <= 65 rows, with steps)."""
+    for r0 in range(0, raw.shape[0], _PANEL):
+        rows = raw[r0:r0 + _PANEL]
+        wf = dequant(qtype, rows, rows.shape[0] * K).view(rows.shape[0], K)
+        out[:, r0:r0 + rows.shape[0]].copy_(xf @ wf.T)
 
 
 def linear_address() -> int:
