@@ -30,13 +30,13 @@ def _jobs(full: bool):
 
     for dt in dtypes:
         p = "*" + dt
-        for tree in (True, False):
+        for tree, limit in ((True, False), (False, False), (False, True)):
             for bd in ((64, 128, 256) if full else (128,)):
-                consts = dict(TREE=tree, BLOCK_M=16, BLOCK_N=64 if bd <= 128 else 32, BLOCK_D=bd,
+                consts = dict(TREE=tree, HAS_LIMIT=limit, BLOCK_M=16, BLOCK_N=64 if bd <= 128 else 32, BLOCK_D=bd,
                               DOT_F32=dt == "fp32", PREC="ieee" if dt == "fp32" else "tf32")
-                yield job(f"attention {dt} tree={tree} head_dim<={bd}", attn._attn_kernel,
-                          {"q_ptr": p, "k_ptr": p, "v_ptr": p, "o_ptr": p, "bits_ptr": "*i32", "mask_ptr": "*u8"},
-                          {"scale_log2e": "fp32"}, consts)
+                yield job(f"attention {dt} tree={tree} limit={limit} head_dim<={bd}", attn._attn_kernel,
+                          {"q_ptr": p, "k_ptr": p, "v_ptr": p, "o_ptr": p, "bits_ptr": "*i32", "mask_ptr": "*u8",
+                           "limit_ptr": "*i64"}, {"scale_log2e": "fp32"}, consts)
         yield job(f"add_rmsnorm {dt}", norm._add_rmsnorm_kernel,
                   {k: p for k in ("delta_ptr", "res_ptr", "w_ptr", "normed_ptr", "newres_ptr")} | {"skip_ptr": "*u8"},
                   {"eps": "fp32"}, dict(HAS_DELTA=True, HAS_SKIP=True, BLOCK_R=1, BLOCK_D=1024))

@@ -16,6 +16,8 @@ Not done: split-KV (flash-decoding) parallelism for very long prefixes at T=1.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -30,11 +32,11 @@ _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": fully masked tiles then
 
 
 @triton.jit
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bits_ptr, mask_ptr,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bits_ptr, mask_ptr, limit_ptr,
                  T, G, HD, n_prefix, n_keys,
                  sqt, sqh, skh, sks, svh, svs, sot, soh, sbt, smt, sms,
                  scale_log2e,
-                 TREE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 TREE: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  DOT_F32: tl.constexpr, PREC: tl.constexpr):
     kvh = tl.program_id(1).to(tl.int64)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,6 +54,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, bits_ptr, mask_ptr,
     m_i = tl.full([BLOCK_M], _NEG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if HAS_LIMIT:   # a bound read on the device: a captured graph serves every cache length
+        n_keys = tl.minimum(tl.load(limit_ptr), n_keys)
     for start in range(0, n_keys, BLOCK_N):
         s = start + tl.arange(0, BLOCK_N)
         key_ok = s < n_keys
@@ -109,7 +113,8 @@ def _check_qkv(q, k_cache, v_cache, S_needed: int, op: str):
     return T, H, hd, KV
 
 
-def _launch(q, k_cache, v_cache, bits, mask, n_prefix: int, n_keys: int, scale: float, tree: bool) -> torch.Tensor:
+def _launch(q, k_cache, v_cache, bits, mask, n_prefix: int, n_keys: int, scale: float, tree: bool,
+            limit=None) -> torch.Tensor:
     T, H, hd = q.shape
     KV = k_cache.shape[0]
     G = H // KV
@@ -124,13 +129,13 @@ def _launch(q, k_cache, v_cache, bits, mask, n_prefix: int, n_keys: int, scale: 
         BLOCK_M, BLOCK_N = min(64, max(16, next_pow2(rows))), (64 if BLOCK_D <= 128 else 32)
     dot_f32 = INTERPRET or q.dtype == torch.float32
     grid = (triton.cdiv(rows, BLOCK_M), KV)
-    _attn_kernel[grid](q, k_cache, v_cache, out, bits, mask,
+    _attn_kernel[grid](q, k_cache, v_cache, out, bits, mask, bits if limit is None else limit,
                        T, G, hd, n_prefix, n_keys,
                        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
                        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
                        bits.stride(0), mask.stride(0), mask.stride(1),
                        float(scale) * _LOG2E,
-                       TREE=tree, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+                       TREE=tree, HAS_LIMIT=limit is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
                        DOT_F32=dot_f32, PREC="ieee" if q.dtype == torch.float32 else "tf32")
     return out
 
@@ -155,8 +160,9 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-              scale: float) -> torch.Tensor:
-    """Dense-masked attention: mask [T, S] bool (True = may attend) over the first S cache slots."""
+              scale: float, limit: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dense-masked attention: mask [T, S] bool (True = may attend) over the first S cache slots. ``limit``: a
+    one-element int tensor on q's device; key tiles from it on are not read (the mask must hide those slots)."""
     if mask.dim() != 2 or mask.dtype != torch.bool:
         raise SwiftkError(f"attention: mask must be bool [T, S], got {mask.dtype} {tuple(mask.shape)}")
     T, S = mask.shape
@@ -164,5 +170,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mas
     if q.shape[0] != T:
         raise SwiftkError(f"attention: mask has {T} rows, q has {q.shape[0]} tokens")
     q = last_dim_contiguous(q)
+    if limit is not None and (limit.numel() != 1 or limit.dtype not in (torch.int32, torch.int64)
+                              or limit.device != q.device):
+        raise SwiftkError(f"attention: limit must be one int on {q.device}, got {limit.dtype} "
+                          f"{tuple(limit.shape)} on {limit.device}")
     m8 = mask.view(torch.uint8)
-    return _launch(q, k_cache, v_cache, m8, m8, 0, S, scale, tree=False)
+    return _launch(q, k_cache, v_cache, m8, m8, 0, S, scale, tree=False, limit=limit)

@@ -88,7 +88,7 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("SWIFTK_CUDA_GRAPHS", "1") != "0"
         if cuda_graphs:
-            self.model.enable_graphs()
+            self.model.enable_graphs(self.cache)
         self.costs = CostModel(self.model)
         self._lock = threading.RLock()
         self._busy, self._owner = False, None   # a call holds the KV cache (see _own)

@@ -3,7 +3,8 @@
 ``Model.forward(token_ids, positions, slots, cache, attn_mask=None, skip=None, logits_idx=None)``
 
 * positions drive RoPE, slots say where each token's K/V is written; tree siblings share a position but own slots.
-* ``attn_mask`` is ``None`` (causal over slot index), a dense bool ``[T, S]`` mask over the first S cache slots, or a
+* ``attn_mask`` is ``None`` (causal over slot index), a dense bool ``[T, S]`` mask over the first S cache slots (or
+  a :class:`~swiftk.tree.BoundedMask`: the same with a device-side key bound), or a
   :class:`~swiftk.tree.TreeMask` (all committed slots visible + the ancestor relation over the new tokens, which
   must then sit at slots ``prefix_len .. prefix_len+T-1``).
 * ``skip`` is a bool ``[2 * n_layers]`` skip set (attention, MLP per layer): a skipped sublayer adds nothing to the
@@ -28,7 +29,7 @@ from .ops import cpu_linear, get_ops
 from .ops import reference as reference_ops
 from .kvcache import KVCache
 from .skipset import SkipSet
-from .tree import TreeMask
+from .tree import BoundedMask, TreeMask
 from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
                       choose_cpu_linear_forms, formats, fused_layer_table, linear, named_weights, nbytes)
 
@@ -142,11 +143,14 @@ class Model:
             warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
                  "matmuls through torch after converting the weights every call: slow", RuntimeWarning)
 
-    def enable_graphs(self) -> None:
-        """Replay the decode loop's small passes from CUDA graphs (graphs.py), captured lazily."""
+    def enable_graphs(self, cache: Optional[KVCache] = None) -> None:
+        """Replay the decode loop's small passes from CUDA graphs (graphs.py); those of plain passes over ``cache``
+        are captured now, the rest on first use."""
         from .graphs import GraphRunner
 
         self.graphs = GraphRunner(self)
+        if cache is not None:
+            self.graphs.warm(cache)
 
     def new_cache(self, max_slots: int) -> KVCache:
         return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)
@@ -284,7 +288,8 @@ class Model:
             self._check_tree_fits(attn_mask, T, cache)
             S, vis = attn_mask.prefix_len + T, attn_mask.dense()
         else:
-            S, vis = self._visibility(T, slots, cache, attn_mask)
+            dense = attn_mask.mask if isinstance(attn_mask, BoundedMask) else attn_mask
+            S, vis = self._visibility(T, slots, cache, dense)
         vis = vis.contiguous()
         slots64 = slots.to(torch.int64).contiguous()
         if int(slots64.min()) < 0 or int(slots64.max()) >= cache.max_slots:
@@ -363,6 +368,10 @@ class Model:
         if isinstance(attn_mask, TreeMask):
             self._check_tree_fits(attn_mask, T, cache)
             return ops.tree_attend(attn_mask, T, scale)
+        if isinstance(attn_mask, BoundedMask):
+            S, mask = self._visibility(T, slots, cache, attn_mask.mask)
+            lim = attn_mask.limit
+            return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], mask, scale, limit=lim).reshape(T, -1)
         S, mask = self._visibility(T, slots, cache, attn_mask)
         return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], mask, scale).reshape(T, -1)
 

@@ -45,6 +45,14 @@ def unpack_tree_mask(bits: torch.Tensor, T: int) -> torch.Tensor:
     return b.reshape(bits.shape[0], -1)[:, :T].bool()
 
 
+class BoundedMask(NamedTuple):
+    """A dense ``[T, S]`` bool mask whose columns from ``limit`` (a one-element int tensor on the device) on are all
+    False: kernels stop reading keys there, so a CUDA graph built for the whole cache serves every length."""
+
+    mask: torch.Tensor
+    limit: torch.Tensor
+
+
 class TreeMask(NamedTuple):
     """Committed slots [0, prefix_len) fully visible; new token i sees new token j iff bit j of row i is set.
 

@@ -63,6 +63,22 @@ def test_graphed_passes_equal_eager_passes(cuda_engines):
     assert e_eng.model.graphs is None
 
 
+def test_plain_graphs_are_captured_at_load_and_serve_every_length(smollm2_path):
+    """One graph per T bucket serves every cache length: decodes across many 256-slot spans capture nothing after
+    load, and the graphed steps give the eager engine's output."""
+    from swiftk.graphs import T_BUCKETS
+
+    graphs = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=True)
+    eager = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=False)
+    assert graphs.model.graphs.info()["captured"] == len(T_BUCKETS)
+    a = graphs.generate(PROMPTS[0], max_new_tokens=600, method="autoregressive", stop=[]).token_ids
+    b = eager.generate(PROMPTS[0], max_new_tokens=600, method="autoregressive", stop=[]).token_ids
+    assert a == b and len(a) == 600
+    graphs.generate(PROMPTS[0], max_new_tokens=600, method="ngram", stop=[])   # verify passes of every size
+    info = graphs.model.graphs.info()
+    assert info["captured"] == len(T_BUCKETS) and info["replayed"] > 600 and not info["eager"], info
+
+
 @pytest.mark.parametrize("method", ["autoregressive", "swift", "ngram"])
 def test_greedy_on_cuda_equals_transformers_float32(cuda_engines, smollm2_path, method):
     transformers = pytest.importorskip("transformers")

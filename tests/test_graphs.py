@@ -5,7 +5,7 @@ import torch
 
 import swiftk
 from swiftk.errors import SwiftkError
-from swiftk.graphs import S_BUCKET, _bucket_T, _Graph
+from swiftk.graphs import _bucket_T, _Graph
 from swiftk.tree import TreeMask
 
 
@@ -39,8 +39,7 @@ def test_graph_body_equals_the_eager_pass(eng, T, skip):
     pos, slots = n + depth, torch.arange(n, n + T)
     ref = m.forward(toks, pos, slots, cache, attn_mask=TreeMask.of(n, anc), skip=skip)
     Tb = _bucket_T(T)
-    Sb = -(-(n + Tb) // S_BUCKET) * S_BUCKET
-    body = _Graph(m, cache, Tb, Sb, skip, with_logits=True)
+    body = _Graph(m, cache, Tb, skip, with_logits=True)
     body.fill(toks, pos, n, anc if T > 1 else None)
     with torch.inference_mode():
         x, logits = body._run()

@@ -219,6 +219,28 @@ def test_dense_attention(dtype, T, S, H, KV, hd):
     close(OPS["attention"](q, k, v, mask, 0.1), R.attention(q, k, v, mask, 0.1), dtype, scale=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_attention_stops_at_the_device_limit(dtype):
+    """A mask over the whole cache with a device-side key bound (what a CUDA graph passes): keys from the bound on
+    are never read, so garbage there changes nothing; a bound below the visible slots does change the result."""
+    g = gen(11)
+    T, S, live, H, KV, hd = 4, 300, 150, 9, 3, 64
+    cache = make_cache(g, 1, KV, S, hd, dtype)
+    k, v = cache[0, 0], cache[0, 1]
+    q = randn(g, T, H, hd, dtype=dtype)
+    mask = torch.zeros(T, S, dtype=torch.bool, device=DEV)
+    mask[:, :live] = torch.rand(T, live, generator=g).to(DEV) < 0.7
+    mask[:, 0] = True
+    ref = R.attention(q, k[:, :live], v[:, :live], mask[:, :live], 0.1)
+    k[:, live:], v[:, live:] = float("nan"), float("nan")   # past the bound: must not be read
+    limit = torch.tensor([live], device=DEV)
+    close(OPS["attention"](q, k, v, mask, 0.1, limit=limit), ref, dtype, scale=2)
+    short = OPS["attention"](q, k, v, mask, 0.1, limit=torch.tensor([live // 2], device=DEV))
+    assert short.isfinite().all() and not torch.allclose(short.float(), ref.float(), atol=1e-2)
+    with pytest.raises(SwiftkError, match="limit must be one int"):
+        OPS["attention"](q, k, v, mask, 0.1, limit=torch.tensor([1.0, 2.0], device=DEV))
+
+
 def test_attention_limits():
     q = torch.zeros(2, 3, 512, device=DEV)
     kv = torch.zeros(1, 4, 512, device=DEV)

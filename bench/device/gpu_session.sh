@@ -34,12 +34,12 @@ for stage in "$@"; do
       ;;
     bench)
       log bench
-      mkdir -p /tmp/bench
-      timeout 560 python3 -m bench.e2e --model "$MODEL" --device cuda --dtype bfloat16 --workload humaneval,mtbench \
+      rm -rf /tmp/bench; mkdir -p /tmp/bench
+      timeout 560 python3 -m bench.e2e --model "$MODEL" --device cuda --dtype bfloat16 --workload "${WORKLOADS:-humaneval,mtbench}" \
         --n "${BENCH_N:-4}" --n-mtbench 1 --max-new-tokens "${BENCH_TOKENS:-256}" \
         --methods "${BENCH_METHODS:-hf-greedy,swiftk-ar,swiftk-ar-eager,swift-cold,swiftk-ngram,hf-pld}" \
         --out /tmp/bench 2>&1 | tail -40 | tee -a "$OUT/session.log"
-      tar czf "$OUT/bench.tgz" -C /tmp/bench . && ls -la /tmp/bench | tee -a "$OUT/session.log"
+      tar czf "$OUT/bench${BENCH_TAG:-}.tgz" -C /tmp/bench . && ls -la /tmp/bench | tee -a "$OUT/session.log"
       ;;
     micro)   # per-op and per-pass microbenchmarks, every backend (parametrized inside), both model shapes
       log micro

@@ -28,14 +28,20 @@ def main() -> None:
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, persist=False)
     prompt = "def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
     lines = []
+    graphs = eng.model.graphs
     for m in ("autoregressive", "ngram", "swift"):
         eng.generate(prompt, max_new_tokens=32, method=m)
+        captured = graphs.info()["captured"] if graphs is not None else 0
         t = time.perf_counter()
         r = eng.generate(prompt, max_new_tokens=a.tokens, method=m, stop=[])
         dt = time.perf_counter() - t
         s = r.stats
-        lines.append(f"{m:15s} {dt / len(r.token_ids) * 1e3:7.3f} ms/token  steps {s.get('decoding_steps')}  "
-                     f"plain {s.get('plain_steps')}  tokens {len(r.token_ids)}")
+        n = max(1, s.decoding_steps)
+        lines.append(f"{m:15s} {dt / len(r.token_ids) * 1e3:7.3f} ms/token  steps {s.decoding_steps}  "
+                     f"plain {s.plain_steps}  tokens {len(r.token_ids)}  per step: draft "
+                     f"{s.time_draft_s / n * 1e3:.3f} verify {s.time_verify_s / n * 1e3:.3f} other "
+                     f"{s.time_other_s / n * 1e3:.3f} optimize {s.time_optimize_s / n * 1e3:.3f} ms  graphs "
+                     f"captured {(graphs.info()['captured'] if graphs is not None else 0) - captured}")
     for m in ("ngram", "swift"):
         pr = cProfile.Profile()
         pr.enable()

@@ -83,11 +83,13 @@ def attention(
     v_cache: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    limit: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Masked attention over cache slots with GQA.
 
     q [T, H, hd]; k_cache, v_cache [KV, S, hd] (the first S slots of the cache); mask [T, S] bool,
-    True = may attend. Returns [T, H, hd]. Every query must see at least one slot.
+    True = may attend. Returns [T, H, hd]. Every query must see at least one slot. ``limit`` (a device int: the
+    slots from it on are masked) lets a kernel stop reading there; here the mask already says it all.
 
     float32: torch's scaled_dot_product_attention, one op (what HF's default "sdpa" attention calls; held to
     :func:`attention_math` in tests/test_model.py); other dtypes: :func:`attention_math` (float32 math).
