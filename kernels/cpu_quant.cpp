@@ -647,6 +647,15 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
       }
     }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
   }
+#if SWQ_ISA == 256
+  else if (M <= 4) {
+    // 3-4 rows: register tiles of 2 weight rows (16 registers: 8 accumulators, a chunk's 4 weight vectors, x)
+    over_rows<2>(N, K, [&](int64_t n0) {
+      if (M == 3) tile_reg<T, 2, 3>(x, K, w, rb, y, ldy, n0);
+      else tile_reg<T, 2, 4>(x, K, w, rb, y, ldy, n0);
+    }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
+  }
+#endif
 #if SWQ_ISA == 512
   else if (M <= MR_WIDE_MAX) {
     // Verify-sized passes: the M <= 4 register tiles over chunks of 4 activation rows, each row group's blocks
