@@ -151,6 +151,17 @@ class CostModel:
             best = max(best, tokens * step / (k * c + self.v(k + 1)))
         return best
 
+    def break_even(self, kf: float) -> float:
+        """The per-token acceptance at which drafting chains that read ``kf`` of the weight bytes just matches
+        plain decoding (``expected_rate`` = 1); above 1.0 where not even full acceptance would."""
+        if self.expected_rate(1.0, kf) < 1.0:
+            return 2.0
+        lo, hi = 0.0, 1.0
+        for _ in range(16):   # expected_rate grows with the acceptance
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if self.expected_rate(mid, kf) >= 1.0 else (mid, hi)
+        return hi
+
     def budget(self, limit: float = 1.6) -> int:
         """Largest tree whose verify pass costs at most ``limit`` steps (speculate='always' with auto budget)."""
         step = self.step or 1.0

@@ -406,12 +406,22 @@ def test_no_search_where_even_full_acceptance_cannot_pay(eng, verify, draft, sea
 
 
 def test_search_budget_follows_what_it_has_found():
-    """Half the budget for the first candidates, the full budget once a set is expected to pay, a fifth after the
-    first candidates found none; the paper's matchness objective always gets the full budget."""
+    """Half the budget for the first candidates, the full budget once a set is expected to pay; after the first
+    candidates found none, half of it scaled by the square of how close the best set's acceptance came to the one
+    that would pay, never below a fiftieth; the paper's matchness objective always gets the full budget."""
     from swiftk.state import LearnedState
 
+    class Costs:   # a set needs acceptance 0.6 to pay
+        clock = 0
+
+        def kept_fraction(self, mask, head_bytes=None):
+            return 0.5
+
+        def break_even(self, kf):
+            return 0.6
+
     def budget(state):
-        return layerskip_mod.LayerSkipDraft(state, costs=None)._budget()
+        return layerskip_mod.LayerSkipDraft(state, costs=Costs())._budget()
 
     st = LearnedState(4)
     b, o = st.cfg.opt_budget, st.optimizer
@@ -419,8 +429,22 @@ def test_search_budget_follows_what_it_has_found():
     o.best_score = 1.2
     assert budget(st) == b
     o.best_score, o.steps = 0.7, layerskip_mod._EXPLORE
-    assert budget(st) == b / 5
+    o.best_matchness = 0.3
+    assert budget(st) == pytest.approx(b / 8)
+    o.best_matchness = 0.0
+    assert budget(st) == pytest.approx(b / 50)
+    o.best_matchness = 0.9   # scored below plain on its windows after all: no more than the exploring budget
+    assert budget(st) == pytest.approx(b / 2)
     assert budget(LearnedState(4, type(st.cfg)(objective="matchness"))) == b
+
+
+def test_break_even_acceptance_is_where_drafting_matches_plain(eng):
+    c = _Costs(eng.model, verify=1.5, draft=0.25)
+    c.observe_step(0.01)
+    m = c.break_even(0.5)
+    assert 0.0 < m < 1.0
+    assert c.expected_rate(m, 0.5) >= 1.0 > c.expected_rate(m - 1e-3, 0.5)
+    assert _Costs(eng.model, verify=2.0, draft=1.0).break_even(0.5) > 1.0   # k + 1 tokens for k + 2 steps
 
 
 def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
