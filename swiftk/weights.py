@@ -113,6 +113,10 @@ class BlockWeight:
         from .ops import cpu_quant
 
         flat = ids.reshape(-1).cpu()
+        if len(self.parts) == 1 and flat.numel():   # one format (every embedding we load): no selection
+            raw, t = self.parts[0]
+            got = raw[flat].contiguous()
+            return cpu_quant.dequant(t, got.reshape(-1), got.shape[0] * self.K).reshape(*ids.shape, self.K)
         out = torch.empty(flat.numel(), self.K, dtype=torch.float32)
         start = 0
         for raw, t in self.parts:

@@ -60,8 +60,7 @@ class LayerSkipDraft(ModelDrafter):
         self.opt = state.optimizer if search and skip is None else None
         self.kvq = kvq
         self._set: Optional[SkipSet] = None
-        self._pay_memo: Optional[tuple] = None   # (cost clock, _can_pay's answer then)
-        self._need_memo: Optional[tuple] = None  # (cost clock, incumbent set, the acceptance it needs to pay)
+        self._memo: dict = {}   # name -> (cost clock, what it was computed for, value): see _cached
 
     # ---- what the round asks
     def skip(self, device) -> SkipSet:
@@ -156,11 +155,9 @@ class LayerSkipDraft(ModelDrafter):
             return b
         if o.steps < _EXPLORE:
             return b / 2
-        c, memo = self.costs, self._need_memo
-        if memo is None or c.clock - memo[0] >= 32 or memo[1] is not o.best:   # not every round: costs move slowly
-            kf = c.kept_fraction(o.best, None if self.head is None else self.head.weight_bytes)
-            memo = self._need_memo = (c.clock, o.best, c.break_even(kf))
-        closeness = (o.best_matchness or 0.0) / memo[2]
+        need = self._cached("need", o.best, lambda: self.costs.break_even(self.costs.kept_fraction(
+            o.best, None if self.head is None else self.head.weight_bytes)))
+        closeness = (o.best_matchness or 0.0) / need
         return max(b / 50, b / 2 * min(1.0, closeness) ** 2)
 
     def _can_pay(self) -> bool:
@@ -168,9 +165,10 @@ class LayerSkipDraft(ModelDrafter):
         accepted, at the measured step, draft and verify costs. Where it would not (small models on CPU blocks,
         whose verify passes cost several steps) a search step is time lost; the check follows the costs as they
         are measured, so a cheaper verify (a GPU, a larger model) lets the search run again."""
+        return self._cached("can_pay", None, self._lightest_can_pay)
+
+    def _lightest_can_pay(self) -> bool:
         o, c = self.state.optimizer, self.costs
-        if self._pay_memo is not None and c.clock - self._pay_memo[0] < 32:   # costs move slowly: not every round
-            return self._pay_memo[1]
         L, n = o.n // 2, o.skip_count
         heavy, light = (1, 0) if c.mlp_bytes >= c.attn_bytes else (0, 1)   # sublayer kinds, heavier first
         k = min(n, L - 2)
@@ -178,8 +176,7 @@ class LayerSkipDraft(ModelDrafter):
         mask[[2 * i + heavy for i in range(1, 1 + k)]] = True
         mask[[2 * i + light for i in range(1, 1 + min(n - k, L - 2))]] = True
         kf = c.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
-        self._pay_memo = (c.clock, c.expected_rate(1.0, kf) >= 1.0)
-        return self._pay_memo[1]
+        return c.expected_rate(1.0, kf) >= 1.0
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
         """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
@@ -187,8 +184,22 @@ class LayerSkipDraft(ModelDrafter):
         the cheaper probes). Fixed sets, a finished search and speculate="always" draft as the gate says."""
         if self.opt is None or self.opt.done or not gate.auto:
             return True
-        o = self.opt   # no measurement yet (a cold start's first window): plain steps and free drafts until one
-        return o.best_matchness is not None and self.costs.expected_rate(o.best_matchness, sk.kept) >= 1.0
+        # no measurement yet (a cold start's first window): plain steps and free drafts until one
+        m = self.opt.best_matchness
+        return m is not None and self._cached("may_pay", (m, sk.kept),
+                                              lambda: self.costs.expected_rate(m, sk.kept) >= 1.0)
+
+    def _cached(self, name: str, key, compute):
+        """``compute()``, reused while the cost model has seen fewer than 32 new observations and ``key`` (what it
+        was computed for) is the same: the loop asks every round, the costs move slowly."""
+        clock, hit = self.costs.clock, self._memo.get(name)
+        if hit is None or clock - hit[0] >= 32 or not _same(hit[1], key):
+            hit = self._memo[name] = (clock, key, compute())
+        return hit[2]
+
+
+def _same(a, b) -> bool:
+    return a is b or (type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b)
 
 
 def _logits_of(head):
