@@ -42,7 +42,9 @@ def outputs(eng, items: list, max_new: int, cache_dir: Path) -> list:
     each output token (teacher-forced), cached on disk by model, prompt and length."""
     rows = []
     for it in items:
-        key = hashlib.sha256(json.dumps([eng.info().get("model", ""), it["ids"], max_new]).encode()).hexdigest()[:20]
+        info = eng.info()
+        key = hashlib.sha256(json.dumps([info.get("model", ""), it["ids"], max_new]
+                                        + ([info["weights"]] if info.get("weights") else [])).encode()).hexdigest()[:20]
         f = cache_dir / f"{key}.json"
         if f.is_file():
             rows.append(json.loads(f.read_text()))
@@ -239,6 +241,7 @@ def main(argv=None) -> int:
                     "always runs too")
     ap.add_argument("--arctic", action="store_true", help="add ArcticInference's suffix cache (bench/arctic.py)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--weights", default=None, help="swiftk's weight format (as bench.drafting's --weights)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     if a.threads:
@@ -247,7 +250,7 @@ def main(argv=None) -> int:
     import swiftk
     from bench.e2e import build_prompts, machine_info
 
-    eng = swiftk.load(a.model, persist=False)
+    eng = swiftk.load(a.model, persist=False, weights=a.weights)
     from bench.workloads import data_dir
 
     prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens)

@@ -82,7 +82,10 @@ template <int WT> static inline vec ld_w_tail(const void* p, int n) {
 namespace {
 
 constexpr int NR = 4;  // weight rows per block
-constexpr int MR = 4;  // activation rows per register tile
+// Activation rows per register tile: a tile holds NR * MR accumulators, MR activation vectors and one weight
+// vector. AVX-512 has 32 registers; AVX2 has 16, where a 4 x 4 tile spilled (fp32 SmolLM2-135M on Zen 1: a verify
+// pass of 6 tokens cost 1.56 decode steps with 4 x 4 tiles, 1.22-1.32 with 4 x 3; 6 x 2 and 3 x 4 measured worse).
+constexpr int MR = SWK_W == 16 ? 4 : 3;
 // At 1-2 rows a 4-row block has too few independent FMA chains to hide the FMA latency (int8 weights, whose
 // conversion adds work per byte, ran at half the bandwidth): use 8-row blocks there. Each y[m, n] is still one
 // accumulator summed in the same k order, so batch invariance holds.
@@ -183,6 +186,16 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
   }
 }
 
+// The last M % MR activation rows: one tile of that many.
+template <int WT, int R, int C>
+inline void tail(int left, const float* x, int64_t K, const char* w, const float* scale, float* y, int64_t N,
+                 int64_t n0, int64_t m0, int j, int mt) {
+  if constexpr (C > 0) {
+    if (left == C) tile<WT, R, C>(x, K, w, scale, y, N, n0, m0, j, mt);
+    else tail<WT, R, C - 1>(left, x, K, w, scale, y, N, n0, m0, j, mt);
+  }
+}
+
 template <int WT, int R>
 inline void rows(const float* x, int64_t M, int64_t K, const char* w, const float* scale, float* y, int64_t N,
                  int64_t n0) {
@@ -190,12 +203,7 @@ inline void rows(const float* x, int64_t M, int64_t K, const char* w, const floa
   int64_t m0 = 0;
   int j = 0;
   for (; m0 + MR <= M; m0 += MR, j++) tile<WT, R, MR>(x, K, w, scale, y, N, n0, m0, j, mt);
-  switch (M - m0) {
-    case 3: tile<WT, R, 3>(x, K, w, scale, y, N, n0, m0, j, mt); break;
-    case 2: tile<WT, R, 2>(x, K, w, scale, y, N, n0, m0, j, mt); break;
-    case 1: tile<WT, R, 1>(x, K, w, scale, y, N, n0, m0, j, mt); break;
-    default: break;
-  }
+  tail<WT, R, MR - 1>((int)(M - m0), x, K, w, scale, y, N, n0, m0, j, mt);
 }
 
 template <int WT, int R>
