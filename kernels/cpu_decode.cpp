@@ -29,6 +29,7 @@
 #endif
 
 #include "cpu_linear.cpp"
+#include "cpu_topk.cpp"
 
 namespace {
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .errors import SwiftkError
+from .ops.cpu_linear import topk_rows
 from .sampling import process_logits, validate_sampling_params
 
 MAX_SEED = 2**63 - 1
@@ -89,7 +90,7 @@ class Sampler:
         return logp + torch.stack([self.noise(int(p), V) for p in positions])
 
     def pick(self, logits_row: torch.Tensor, position: int) -> int:
-        return int(torch.argmax(self.scores(logits_row[None], [position])[0]))
+        return int(topk_rows(self.scores(logits_row[None], [position]), 1)[0, 0])   # torch.argmax's choice
 
 
 @dataclass

@@ -237,7 +237,15 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     W = (len(parents) + 31) // 32
     bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
                         dtype=torch.int32)
-    anc = unpack_tree_mask(bits, len(parents))
+    if len(parents) <= 24:   # small trees (most rounds): rows copied on the host beat unpacking the bits in torch
+        rows = []
+        for i, p in enumerate(parents):
+            r = list(rows[p]) if p >= 0 else [False] * len(parents)
+            r[i] = True
+            rows.append(r)
+        anc = torch.tensor(rows, dtype=torch.bool)
+    else:
+        anc = unpack_tree_mask(bits, len(parents))
     ptd = torch.tensor([parents, tokens, [m.bit_count() - 1 for m in anc_bits]], dtype=torch.long)  # + depth
     dev = torch.device(device)
     if dev.type != "cpu":

@@ -53,3 +53,20 @@ def test_random_cuts_are_closed_and_prefix_ordered():
 
 def test_k_for_confidence_bins():
     assert [k_for_confidence(p, GREEDY_TOPK) for p in (0.99, 0.9, 0.6, 0.1)] == [3, 5, 8, 10]
+
+
+def test_mask_rows_are_the_ancestor_relation_at_every_size():
+    """build_tree fills the ancestor rows on the host for small trees and unpacks its bits for large ones: both
+    must be the parents' ancestor relation, and agree with the packed bits the kernels read."""
+    from swiftk.tree import Chain
+
+    rng = random.Random(5)
+    for n in (1, 2, 5, 23, 24, 25, 40, 63):
+        chains = []
+        while sum(len(c.tokens) for c in chains) < n - 1:
+            k = rng.randint(1, 6)
+            chains.append(Chain([rng.randint(0, 9) for _ in range(k)], [0.9] * k, "x"))
+        tree = build_tree(3, [], 10, 64, "cpu", chains=chains)
+        anc = tree.mask.ancestors
+        assert torch.equal(anc, ancestor_matrix(tree.parents)), n
+        assert torch.equal(anc, unpack_tree_mask(tree.mask.bits, tree.size)), n

@@ -45,6 +45,11 @@ extern "C" {
 SWIFTK_API int swk_linear(const float* x, int64_t M, int64_t K, const void* w, int wt, const float* scale,
                           int64_t N, float* y, int nthreads);
 
+/* out[M, k] = indices of the k largest values of each row of x[M, V] (float32), larger first, equal values by
+ * lower index, NaN above every number (torch.topk/argmax order); k = 1 is the greedy choice. 1 <= k <= min(V, 64);
+ * else SWK_CPU_ERR_ARG. */
+SWIFTK_API int swk_topk_rows(const float* x, int64_t M, int64_t V, int k, int64_t* out);
+
 /* Float32 lanes per vector of this build: 16 (AVX-512) or 8 (AVX2). */
 SWIFTK_API int swk_vector_width(void);
 

@@ -35,7 +35,8 @@ ENV_VAR = "SWIFTK_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
-_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear")
+_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
+            "swk_topk_rows")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -156,7 +157,8 @@ def open_library(source: str, symbols, includes=(), stem: Optional[str] = None) 
 def _load() -> None:
     global _lib, _why, _fn
     try:
-        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp",), stem="cpu_linear")
+        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp"),
+                           stem="cpu_linear")
     except KernelUnavailable as e:
         _why = str(e)
         if e.loud:
@@ -170,6 +172,8 @@ def _load() -> None:
     lib.swk_layers.restype = ctypes.c_int
     lib.swk_layer_table_width.restype = ctypes.c_int
     lib.swk_set_q_linear.argtypes, lib.swk_set_q_linear.restype = [ctypes.c_void_p], None
+    lib.swk_topk_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    lib.swk_topk_rows.restype = ctypes.c_int
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
                                + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
                                + [ctypes.c_void_p, ctypes.c_int])
@@ -243,6 +247,22 @@ def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
            None if scale is None else scale.data_ptr(), N, y.data_ptr(), threads or torch.get_num_threads()) != 0:
         raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """[M, k] int64: the indices of each row's k largest values of x [M, V], in torch.topk's order (equal values
+    by lower index, NaN first), so k = 1 is torch.argmax. CPU float32 through kernels/cpu_topk.cpp when the
+    library is loaded, else torch."""
+    if x.dim() == 1:
+        return topk_rows(x[None], k)[0]
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and 1 <= k <= min(64, x.shape[1])
+            and x.shape[0] >= 1 and active()):
+        return x.argmax(dim=-1, keepdim=True) if k == 1 else x.topk(k, dim=-1).indices
+    xc = x.contiguous()
+    out = torch.empty(x.shape[0], k, dtype=torch.int64)
+    if _lib.swk_topk_rows(xc.data_ptr(), xc.shape[0], xc.shape[1], k, out.data_ptr()) != 0:
+        raise SwiftkError(f"cpu topk: kernel rejected x {tuple(x.shape)}, k={k}")
+    return out
 
 
 _fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu_decode.cpp)

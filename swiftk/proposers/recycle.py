@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import torch
 
+from ..ops.cpu_linear import topk_rows
 from .base import Context, FreeSource, best_first
 
 K = 8          # candidates kept per token
@@ -34,7 +35,7 @@ class SuccessorTable:
 
     def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         """``tokens`` [n] were read and scored ``logits`` [n, V] for the next position."""
-        top = logits.detach().float().topk(K, dim=-1).indices.to(torch.int32).cpu()
+        top = topk_rows(logits.detach().float(), K).to(torch.int32).cpu()
         with self.lock:
             self.table[tokens.cpu().long()] = top
 
