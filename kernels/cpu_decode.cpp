@@ -153,6 +153,19 @@ void linear_any(int wt, const float* x, int64_t M, int64_t K, const void* w, con
   }
 }
 
+#if SWK_W == 8
+// Lane j = vsum(a[j]), bitwise: the same pairings in the same order (lanes i and i + 4, then i and i + 2, then 0
+// and 1), done for 8 vectors at once.
+static inline __m256 hsum8(const __m256 (&a)[8]) {
+  __m256 b[4], c[2];
+  for (int p = 0; p < 4; p++)   // b[p] = [a[p] lo + hi | a[p + 4] lo + hi]
+    b[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[p], a[p + 4], 0x20), _mm256_permute2f128_ps(a[p], a[p + 4], 0x31));
+  for (int p = 0; p < 2; p++)   // lanes i and i + 2 of b[2p] and b[2p + 1]
+    c[p] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44), _mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+}
+#endif
+
 // Rotate-half RoPE (HF layout) of n_heads heads of x [hd] at one position; cos/sin [hd/2].
 void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float* s) {
   const int64_t h2 = hd / 2;
@@ -193,6 +206,27 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
       alignas(64) float sc[16];
       _mm512_store_ps(sc, _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale)));
       for (int j = 0; j < 16; j++) {
+        if (!vis[s + j]) continue;
+        p[s + j] = sc[j];
+        if (sc[j] > mx) mx = sc[j];
+      }
+    }
+  }
+#else
+  if (vec_hd) {   // AVX2: 8 keys at a time, their sums in one shuffle tree (hsum8: each bitwise vsum, i.e. dot())
+    const int64_t nv = hd / SWK_W;
+    for (; s + 8 <= S; s += 8) {
+      vec acc[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++) acc[j] = vzero();
+      for (int64_t v = 0; v < nv; v++) {
+        const vec qv = ld_x(q + v * SWK_W);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+      }
+      alignas(32) float sc[8];
+      _mm256_store_ps(sc, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      for (int j = 0; j < 8; j++) {
         if (!vis[s + j]) continue;
         p[s + j] = sc[j];
         if (sc[j] > mx) mx = sc[j];
