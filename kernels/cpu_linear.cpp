@@ -83,8 +83,7 @@ namespace {
 
 constexpr int NR = 4;  // weight rows per block
 // Activation rows per register tile: a tile holds NR * MR accumulators, MR activation vectors and one weight
-// vector. AVX-512 has 32 registers; AVX2 has 16, where a 4 x 4 tile spilled (fp32 SmolLM2-135M on Zen 1: a verify
-// pass of 6 tokens cost 1.56 decode steps with 4 x 4 tiles, 1.22-1.32 with 4 x 3; 6 x 2 and 3 x 4 measured worse).
+// vector. AVX-512 has 32 registers; AVX2 has 16, where a 4 x 4 tile spills (measured: docs/performance.md).
 constexpr int MR = SWK_W == 16 ? 4 : 3;
 // At 1-2 rows a 4-row block has too few independent FMA chains to hide the FMA latency (int8 weights, whose
 // conversion adds work per byte, ran at half the bandwidth): use 8-row blocks there. Each y[m, n] is still one
