@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=8, help="HumanEval, edit and chat prompts")
     ap.add_argument("--n-mtbench", type=int, default=2, help="MT-Bench questions per category (turn 1 and 2)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--skip", type=int, default=0, help="pass over the first HumanEval/edit/chat prompts (held out)")
+    ap.add_argument("--skip-mtbench", type=int, default=0, help="pass over the first MT-Bench questions per category")
     ap.add_argument("--threads", type=int, default=0, help="0: torch's default (all cores)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--weights", default=None, help="swiftk's weight format (default: swiftk's choice, native "
@@ -58,7 +60,8 @@ def main(argv=None) -> int:
             llm, why = load_llamacpp(gguf, threads, n_ctx=4096, prompt_lookup=pl)
             if llm is not None:
                 peers[arm] = llm
-    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens)
+    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens, a.skip,
+                            a.skip_mtbench)
     eos = eng.tokenizer.eos_ids
     warm = next(iter(prompts.values()))[0]["ids"]
     eng.generate(warm, max_new_tokens=16, method="autoregressive")   # kernels, draft head, corpus tables
@@ -145,7 +148,8 @@ def markdown(a, meta, summary) -> str:
     f = lambda x, s="{:.1f}": "–" if x is None else s.format(x)   # noqa: E731
     lines = [f"# Free drafting: {a.model}, {a.max_new_tokens} new tokens", "",
              f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
-             f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}`" if a.weights else "`"),
+             f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}" if a.weights else "")
+             + (f" --skip {a.skip} --skip-mtbench {a.skip_mtbench}" if a.skip or a.skip_mtbench else "") + "`",
              "", f"Machine: {meta['machine']}; swiftk weights: {meta['weights']}; llama.cpp arms: {meta['llamacpp']}",
              "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "

@@ -177,22 +177,28 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None
 # ---------------------------------------------------------------- prompts
 
 
-def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int, max_new_tokens: int = 128) -> dict:
+def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int, max_new_tokens: int = 128, skip: int = 0,
+                  skip_mtbench: int = 0) -> dict:
     """workload -> list of {id, category, text, chat, ids}. HumanEval is raw completion; the others go through the
     chat template. ``multiturn`` decodes each MT-Bench turn-1 answer first (greedy, ``max_new_tokens``, swiftk
-    autoregressive) and asks turn 2 after it; edit and chat take ``n_humaneval`` items."""
+    autoregressive) and asks turn 2 after it; edit and chat take ``n_humaneval`` items. ``skip`` / ``skip_mtbench``
+    pass over the first items (per MT-Bench category): held-out prompts, never used while building the method."""
     from bench import workloads as W
 
     out = {}
     for w in workloads:
         if w == "humaneval":
-            items = W.humaneval(n_humaneval)
+            items = W.humaneval(n_humaneval + skip)[skip:]
         elif w in ("mtbench", "multiturn"):
-            items = W.mtbench(n_mtbench)
+            items, seen = [], {}   # seen: category -> its questions passed so far
+            for it in W.mtbench(n_mtbench + skip_mtbench):
+                seen[it["category"]] = seen.get(it["category"], 0) + 1
+                if seen[it["category"]] > skip_mtbench:
+                    items.append(it)
         elif w == "domain_shift":
             items = W.domain_shift_stream(n_mtbench, n_humaneval)
         elif w in ("edit", "chat"):
-            items = W.WORKLOADS[w](n_humaneval)
+            items = W.WORKLOADS[w](n_humaneval + skip)[skip:]
         else:
             raise SwiftkError(f"unknown workload {w!r}; use {', '.join(WORKLOAD_NAMES)}")
         rows = []

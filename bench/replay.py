@@ -79,18 +79,17 @@ def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repe
     with torch.no_grad():
         model.forward(torch.tensor(ids), ar, ar, cache, logits_idx=torch.tensor([context - 1]))
     cache.advance(context)
-    out = {}
-    for T in sizes:
-        chain = [Chain(list(range(200, 200 + T - 1)), [0.9] * (T - 1), "x")] if T > 1 else []
-        tree = build_tree(5, [], context, 64, "cpu", chains=chain)
-        times = []
-        for _ in range(repeats):
+    chains = {T: [Chain(list(range(200, 200 + T - 1)), [0.9] * (T - 1), "x")] if T > 1 else [] for T in sizes}
+    trees = {T: build_tree(5, [], context, 64, "cpu", chains=c) for T, c in chains.items()}
+    times: dict = {T: [] for T in sizes}
+    for _ in range(repeats):   # sizes interleaved: a slow spell of the machine falls on all of them, not on one
+        for T in sizes:
             t = time.perf_counter()
             with torch.no_grad():
-                verify(model, cache, tree, [], None) if T > 1 else model.forward(
+                verify(model, cache, trees[T], [], None) if T > 1 else model.forward(
                     torch.tensor([5]), torch.tensor([context]), torch.tensor([context]), cache, start=context)
-            times.append(time.perf_counter() - t)
-        out[T] = statistics.median(times)
+            times[T].append(time.perf_counter() - t)
+    out = {T: statistics.median(v) for T, v in times.items()}
     cache.reset()
     return out
 
@@ -236,6 +235,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=8, help="HumanEval, edit and chat prompts")
     ap.add_argument("--n-mtbench", type=int, default=2, help="MT-Bench questions per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--skip", type=int, default=0, help="pass over the first HumanEval/edit/chat prompts (held out)")
+    ap.add_argument("--skip-mtbench", type=int, default=0, help="pass over the first MT-Bench questions per category")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--budgets", default="", help="fixed verify budgets to compare at (e.g. 8,16,32); the gate "
                     "always runs too")
@@ -253,7 +254,8 @@ def main(argv=None) -> int:
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
     from bench.workloads import data_dir
 
-    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens)
+    prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens, a.skip,
+                            a.skip_mtbench)
     cache_dir = data_dir().parent
     table = cost_table(eng)
     costs = cost_model(eng, table)

