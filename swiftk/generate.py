@@ -111,6 +111,7 @@ class DecodeStats:
     accepted_tokens: int = 0
     accepted_by_source: dict = field(default_factory=dict)  # source name -> accepted tokens
     max_tree_nodes: int = 0
+    time_prefill_s: float = 0.0        # the prompt's pass, up to the first new token (no draft can speed it up)
     time_optimize_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
@@ -265,12 +266,14 @@ def step_logits(model, cache, token: int, sampler: Sampler) -> tuple:
 
 def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:
     """Plain decoding: prefill, then one target forward per token."""
+    t = time.perf_counter()
     tok = prefill(model, cache, prompt_ids, sampler)
+    t_prefill = time.perf_counter() - t
     steps = 1
     while not sink.push(tok):
         tok = plain_step(model, cache, tok, sampler)
         steps += 1
-    return DecodeStats(decoding_steps=steps, plain_steps=steps - 1)
+    return DecodeStats(decoding_steps=steps, plain_steps=steps - 1, time_prefill_s=t_prefill)
 
 
 def check_lengths(prompt_len: int, max_new_tokens, limit: int, model_ctx: int) -> None:

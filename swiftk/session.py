@@ -40,7 +40,7 @@ class Session:
         t = time.perf_counter()
         self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler))
         self.stats.decoding_steps = 1
-        self.timer.add("verify", t)
+        self.timer.add("prefill", t)
         self.done = self.sink.push(self.tokens[-1])
 
     def plain_step(self, phase: str):
@@ -81,6 +81,7 @@ class Session:
 
     def finish(self) -> DecodeStats:
         st, tot = self.stats, self.timer.totals
+        st.time_prefill_s = tot.get("prefill", 0.0)
         st.time_optimize_s, st.time_draft_s = tot.get("optimize", 0.0), tot.get("draft", 0.0)
         st.time_verify_s, st.time_other_s = tot.get("verify", 0.0), tot.get("other", 0.0)
         st.costs = self.costs.to_dict()

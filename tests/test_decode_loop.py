@@ -3,6 +3,7 @@ sampling, one engine shared by threads, abandoned streams, the persisted state."
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -460,3 +461,24 @@ def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
     assert ds.propose([1], 5)[0] == [2, 3, 4, 5, 6]
     assert ds.propose([1], 5, prob=lambda b: 0.5, floor=0.2)[0] == [2, 3]       # 0.5, 0.25 | 0.125
     assert ds.propose([1], 5, prob=lambda b: 0.01, floor=0.2)[0] == [2]         # below the floor: the first only
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "swift"])
+def test_stats_report_the_prefill_apart(eng, monkeypatch, method):
+    import importlib
+
+    G = importlib.import_module("swiftk.generate")   # the module (swiftk.generate the attribute is the function)
+    S = importlib.import_module("swiftk.session")
+
+    def slow_prefill(*a, **kw):   # a prefill known to last >= 50 ms, whatever the machine
+        time.sleep(0.05)
+        return real(*a, **kw)
+
+    real = G.prefill
+    monkeypatch.setattr(G, "prefill", slow_prefill)
+    monkeypatch.setattr(S, "prefill", slow_prefill)
+    st = eng.generate(PROMPT, max_new_tokens=8, method=method).stats
+    assert st.time_prefill_s >= 0.05
+    if method == "swift":   # the phases partition the call: the prefill is not also counted as verify time
+        parts = st.time_prefill_s + st.time_verify_s + st.time_draft_s + st.time_other_s + st.time_optimize_s
+        assert parts <= st.wall_time_s and st.time_verify_s < st.wall_time_s - 0.05
