@@ -124,9 +124,7 @@ def aggregate(runs: list) -> dict:
         g = {arm: _rate(rows, arm)[0] for arm in ARMS}
         ar, lar = g["swiftk-ar"], g["llamacpp-ar"]
         g["n"] = len(rows)
-        # each call's own prefill (DecodeStats.time_prefill_s); result files before it: a separately timed one
-        ar_d, sw_d = (sum(r[arm]["wall_s"] - r[arm].get("prefill_s", r.get("prefill_s", 0.0)) for r in rows)
-                      for arm in ("swiftk-ar", "swiftk"))
+        ar_d, sw_d = (sum(r[arm]["wall_s"] - r[arm]["prefill_s"] for r in rows) for arm in ("swiftk-ar", "swiftk"))
         g["decode_only"] = ar_d / sw_d if sw_d > 0 else None
         g["swiftk/ar"] = g["swiftk"] / ar if ar else None
         g["pld/ar"] = g["swiftk-pld"] / ar if ar else None

@@ -196,6 +196,8 @@ def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int, max_new_toke
                 if seen[it["category"]] > skip_mtbench:
                     items.append(it)
         elif w == "domain_shift":
+            if skip or skip_mtbench:
+                raise SwiftkError("domain_shift has no held-out selection: run it without skip / skip_mtbench")
             items = W.domain_shift_stream(n_mtbench, n_humaneval)
         elif w in ("edit", "chat"):
             items = W.WORKLOADS[w](n_humaneval + skip)[skip:]

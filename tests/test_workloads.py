@@ -96,6 +96,8 @@ def test_held_out_prompts_pass_over_the_first_items(monkeypatch):
     got = build_prompts(Eng(), ["humaneval", "mtbench"], 2, 1, skip=3, skip_mtbench=2)
     assert [r["id"] for r in got["humaneval"]] == ["H/3", "H/4"]
     assert [r["id"] for r in got["mtbench"]] == ["m/a2", "m/b2"]
+    with pytest.raises(SwiftkError, match="held-out"):   # an option applied or rejected, never ignored
+        build_prompts(Eng(), ["domain_shift"], 2, 1, skip=3)
 
 
 def test_mtbench_questions():
