@@ -79,7 +79,7 @@ setup(
     packages=packages,
     # Triton kernels and CUDA sources live in the top-level kernels/ folder; import them as swiftk.kernels.
     package_dir={"swiftk.kernels": "kernels"},
-    package_data={"swiftk.kernels": ["*.cu", "*.cuh", "*.cpp"], "swiftk.moa": ["drafters/*.safetensors"]},
+    package_data={"swiftk.kernels": ["*.cu", "*.cuh", "*.cpp", "*.h"], "swiftk.moa": ["drafters/*.safetensors"]},
     install_requires=[
         "torch>=2.4",
         "numpy",

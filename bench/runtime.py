@@ -9,8 +9,10 @@ Configurations (one process, measurements interleaved so machine noise hits them
 - ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu_decode.cpp) with swiftk's CPU matmul
   kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
-- ``kernel-native``: ``weights="native"``: the GGUF file's own blocks (kernels/cpu_quant.cpp in the fused loop);
-  the file's exact model, like llama.cpp's
+- ``kernel-native-f32``: ``weights="native", activations="float32"``: the GGUF file's own blocks with float32
+  activations (kernels/cpu_quant.cpp in the fused loop), the exact de-quantized model
+- ``kernel-native``: the default for a quantized GGUF file: its blocks with int8 activations (kernels/cpu_qdot.cpp),
+  integer dot products as llama.cpp computes
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
 share), verify passes of 4/8/16 tokens and a draft step with 45% of the sublayers skipped, both in decode steps,
@@ -37,9 +39,11 @@ import torch
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
-CONFIGS = ("torch-fp32", "linear-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8", "kernel-native")
+CONFIGS = ("torch-fp32", "linear-fp32", "kernel-fp32", "kernel-wbf16", "kernel-wint8", "kernel-native-f32",
+           "kernel-native")
 WEIGHTS = {"torch-fp32": None, "linear-fp32": None, "kernel-fp32": None, "kernel-wbf16": "bfloat16",
-           "kernel-wint8": "int8", "kernel-native": "native"}
+           "kernel-wint8": "int8", "kernel-native-f32": "native", "kernel-native": "native"}
+ACTS = {"kernel-native-f32": "float32", "kernel-native": "int8"}
 
 
 def use(config: str) -> None:
@@ -79,7 +83,7 @@ def draft_skip(model, share: float = 0.45) -> torch.Tensor:
     return skip
 
 
-def pass_costs(engines: dict, reps: int) -> dict:
+def pass_costs(engines: dict, reps: int, verify=(4, 8, 16)) -> dict:
     from swiftk.model import nbytes
 
     out = {c: {} for c in engines}
@@ -101,8 +105,7 @@ def pass_costs(engines: dict, reps: int) -> dict:
         h = eng.draft_head(DecodeConfig().draft_vocab)
         h.add((torch.arange(ctx) % 1000 + 100).tolist())
         heads[c] = h.logits_full
-    shapes = {"step": (1, None), "verify4": (4, None), "verify8": (8, None), "verify16": (16, None),
-              "draft": (1, skip), "draft_vh": (1, skip)}
+    shapes = {"step": (1, None), **{f"verify{T}": (T, None) for T in verify}, "draft": (1, skip), "draft_vh": (1, skip)}
     best = {(c, k): float("inf") for c in engines for k in shapes}
     for r in range(reps):
         for k, (T, sk) in shapes.items():
@@ -163,6 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-llamacpp", action="store_true", help="leave out the llama.cpp peer even if installed")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill timing (0: leave it out)")
+    ap.add_argument("--verify", default="4,8,16", help="verify pass sizes to time, in decode steps (4,8,16 shown)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     configs = [c for c in a.configs.split(",") if c]
@@ -178,7 +182,8 @@ def main(argv=None) -> int:
         if not cpu_linear.available() and any(c.startswith("kernel") for c in configs):
             raise SwiftkError(f"CPU kernel unavailable: {cpu_linear.status()}")
         base, hf, why = load_pair(a.model, "cpu", "float32", need_hf=not a.no_hf, weights="float32")
-        engines = {c: base if WEIGHTS[c] is None else swiftk.load(a.model, weights=WEIGHTS[c], persist=False)
+        engines = {c: base if WEIGHTS[c] is None else swiftk.load(a.model, weights=WEIGHTS[c], activations=ACTS.get(c),
+                                                                  persist=False)
                    for c in configs}   # the float32 configurations share one engine
         from swiftk import model as model_mod
 
@@ -197,7 +202,8 @@ def main(argv=None) -> int:
     bw = read_bandwidth()
     print(f"# {a.model} cpu threads={threads} {platform.processor() or platform.machine()}; read bandwidth "
           f"{bw:.1f} GB/s (before the pass timings); linear: {cpu_linear.status()}")
-    costs = pass_costs(engines, a.reps)
+    verify = sorted({int(v) for v in a.verify.split(",") if v.strip()} | {4, 8, 16})
+    costs = pass_costs(engines, a.reps, verify)
     bw = max(bw, read_bandwidth())   # measured twice: one noisy burst must not inflate every roofline share
     lines = [f"| config | weights MB | step ms | GB/s (roofline share) | verify 4 | verify 8 | verify 16 | "
              f"draft ({costs[configs[0]]['draft_skipped']} skipped) | draft bytes share | draft, reduced head | "
@@ -208,6 +214,10 @@ def main(argv=None) -> int:
                      f"({r['weight_gb_s'] / bw:.0%}) | {r['verify4']:.2f} | {r['verify8']:.2f} | "
                      f"{r['verify16']:.2f} | {r['draft']:.2f} | {r['draft_bytes_share']:.2f} | "
                      f"{r['draft_vh']:.2f} | {r['draft_vh'] / r['draft']:.2f} |")
+    if verify != [4, 8, 16]:
+        vl = ["| config | " + " | ".join(f"v({T})" for T in verify) + " |", "|---" * (len(verify) + 1) + "|"]
+        vl += [f"| {c} | " + " | ".join(f"{costs[c][f'verify{T}']:.2f}" for T in verify) + " |" for c in configs]
+        lines += [""] + vl
     print("\n".join(lines))
     pre = prefill_costs(engines, llm, a.prefill) if a.prefill else {}
     if pre:

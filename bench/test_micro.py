@@ -172,3 +172,30 @@ def test_optimization_step(benchmark, ops, shape):
     window = list(range(1, WINDOW + 1))
     score = _bench(benchmark, matchness, m, cache, window, 7, skip)
     assert 0.0 <= score <= 1.0
+
+
+# ---------------------------------------------------------------- GGUF block matmuls (CPU)
+
+QUANT_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the block kernels are CPU kernels")
+@pytest.mark.parametrize("act", ["float32", "int8"])
+@pytest.mark.parametrize("rows", [1, 4, 8, 16])
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+def test_quant_linear(benchmark, fmt, rows, act):
+    """y = x @ W.T on GGUF blocks (1536 x 1536, random blocks), float32 or int8 activations: the cost of a decode
+    step's (rows=1) and a verify pass's matmuls per format; the int8 / float32 ratio at rows 8 is what makes a verify
+    pass cheap."""
+    import numpy as np
+
+    from bench.quant_linear import _random_blocks
+    from swiftk.ops import cpu_quant
+
+    if not cpu_quant.available():
+        pytest.skip(cpu_quant.status())
+    K = N = 1536
+    w = _random_blocks(fmt, N, K, np.random.default_rng(0))
+    x = torch.randn(rows, K)
+    out = benchmark(cpu_quant.linear, x, w, cpu_quant.TYPES[fmt], K, act)
+    assert out.shape == (rows, N)

@@ -1,7 +1,8 @@
 // GGUF weights kept in their block format: y[M, N] = x[M, K] @ W[N, K]^T with W in ggml's row-major block layout
 // (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), dequantized in registers 32 elements at a time and accumulated in
-// float32; plus the plain dequantization, equal bit for bit to gguf.quants.dequantize (the spec for the layouts).
-// Python binding: swiftk/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
+// float32 (float32 activations: the exact de-quantized model; kernels/cpu_qdot.cpp is the int8-activation path,
+// built into the same library); plus the plain dequantization, equal bit for bit to gguf.quants.dequantize (the spec
+// for the layouts). Python binding: swiftk/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
 //
 // Why: reading a 4-6 bit weight costs a fraction of a float32 one; the dequantization is a few vector ops per 16
 // weights, done once per weight and shared by every activation row. Those ops, not the reads, then bound a decode
@@ -18,6 +19,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_gguf.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SWQ_ISA 512
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -31,6 +34,8 @@
 #endif
 
 namespace {
+
+using namespace swk_gguf;
 
 // ---- float vectors ---------------------------------------------------------------------------------------------
 #if SWQ_ISA == 512
@@ -128,29 +133,6 @@ inline b16 two_at(b16 a, int s) {
 }
 #endif
 
-inline float h2f(const uint8_t* p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t bits;
-  if (e == 0) {  // zero or subnormal: man * 2^-24 is exact in float32
-    float f = (float)man * 5.9604644775390625e-8f;
-    memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (e == 31) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else {
-    bits = sign | ((e + 112) << 23) | (man << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
-
 // 32 signed 8-bit quants (lo: elements 0-15, hi: 16-31) -> NV float vectors: a0 * q (- b0) for the first 16,
 // a1 * q (- b1) for the next. A multiply, then a subtraction: gguf rounds twice too (no FMA), which keeps
 // swk_q_dequant bit-exact and makes the matmul's weights exactly the dequantized ones.
@@ -179,17 +161,7 @@ inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec 
 #endif
 }
 
-// ---- formats: ggml type id, elements and bytes per block (gguf.constants.GGML_QUANT_SIZES) -----------------------
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
-template <int T> struct Fmt;
-template <> struct Fmt<Q4_0> { static constexpr int BS = 32, TS = 18; };
-template <> struct Fmt<Q4_1> { static constexpr int BS = 32, TS = 20; };
-template <> struct Fmt<Q5_0> { static constexpr int BS = 32, TS = 22; };
-template <> struct Fmt<Q8_0> { static constexpr int BS = 32, TS = 34; };
-template <> struct Fmt<Q4_K> { static constexpr int BS = 256, TS = 144; };
-template <> struct Fmt<Q5_K> { static constexpr int BS = 256, TS = 176; };
-template <> struct Fmt<Q6_K> { static constexpr int BS = 256, TS = 210; };
+// ---- formats: kernels/cpu_gguf.h (ggml type ids, Fmt<T>::BS elements / TS bytes per block, h2f)
 
 // Q4_K/Q5_K: 8 six-bit (scale, min) pairs packed in 12 bytes -> a[s] = d * scale, b[s] = dmin * min
 inline void k_scales(const uint8_t* blk, float (&a)[8], float (&b)[8]) {
@@ -699,33 +671,16 @@ void dequant(const uint8_t* blocks, int64_t n, float* out) {
 
 extern "C" {
 
+// kernels/cpu_qdot.cpp, linked into the same library: the same matmul with int8 activations
+int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                     int64_t ldy);
+#define SWK_Q_INT8_ACT 256   // a type with this bit set runs on swk_qi_linear_ld (the fused loop's descriptors)
+
 // Elements per block of ggml type `type`, or -1 for a type this file does not handle.
-int swk_q_block_size(int type) {
-  switch (type) {
-    case Q4_0: return Fmt<Q4_0>::BS;
-    case Q4_1: return Fmt<Q4_1>::BS;
-    case Q5_0: return Fmt<Q5_0>::BS;
-    case Q8_0: return Fmt<Q8_0>::BS;
-    case Q4_K: return Fmt<Q4_K>::BS;
-    case Q5_K: return Fmt<Q5_K>::BS;
-    case Q6_K: return Fmt<Q6_K>::BS;
-    default: return -1;
-  }
-}
+int swk_q_block_size(int type) { return block_size(type); }
 
 // Bytes per block of ggml type `type`, or -1.
-int swk_q_type_size(int type) {
-  switch (type) {
-    case Q4_0: return Fmt<Q4_0>::TS;
-    case Q4_1: return Fmt<Q4_1>::TS;
-    case Q5_0: return Fmt<Q5_0>::TS;
-    case Q8_0: return Fmt<Q8_0>::TS;
-    case Q4_K: return Fmt<Q4_K>::TS;
-    case Q5_K: return Fmt<Q5_K>::TS;
-    case Q6_K: return Fmt<Q6_K>::TS;
-    default: return -1;
-  }
-}
+int swk_q_type_size(int type) { return type_size(type); }
 
 // 512 (AVX-512), 256 (AVX2+FMA) or 0 (portable): the path this build was compiled for.
 int swk_q_isa(void) { return SWQ_ISA; }
@@ -754,9 +709,11 @@ int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
 
 // y[M, N] (float32, row-major, ldy floats per row: y may be a column slice of a wider output) = x[M, K]
 // (float32, row-major) @ W^T, W = N rows of K / block_size consecutive blocks of type `type` (ggml's layout of a
-// [N, K] weight). Threads: OpenMP's default (torch's setting in torch).
+// [N, K] weight). Threads: OpenMP's default (torch's setting in torch). `type` | SWK_Q_INT8_ACT: the same with the
+// rows of x quantized to int8 (kernels/cpu_qdot.cpp).
 int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                     int64_t ldy) {
+  if (type & SWK_Q_INT8_ACT) return swk_qi_linear_ld(x, M, K, w, type & ~SWK_Q_INT8_ACT, N, y, ldy);
   if (!x || !w || !y || M < 1 || K < 1 || N < 1 || ldy < N) return -1;
   const int bs = swk_q_block_size(type);
   if (bs < 0) return -2;

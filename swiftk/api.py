@@ -12,18 +12,20 @@ from .model import check_device_dtype, resolve_device, resolve_dtype
 
 _engines: dict = {}
 _lock = threading.Lock()
-LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "drafter", "cuda_graphs")
+LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "activations", "drafter", "cuda_graphs")
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         weights=None, drafter=None, cuda_graphs=None, **options) -> Engine:
+         weights=None, activations=None, drafter=None, cuda_graphs=None, **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
     (CPU float32 on a block-quantized GGUF file: "native", else "float32"), "native" (the GGUF file's blocks,
-    read by kernels/cpu_quant.cpp: exactly the file's model, float32 activations), "float32" (every weight
-    converted to ``dtype``), "bfloat16" or "int8" (CPU formats of swiftk's matmul kernel, float32 activations; a
-    rounded target model, see swiftk.model.Model); ``drafter``: a trained MoA drafter file for
+    memory = file size), "float32" (every weight converted to ``dtype``), "bfloat16" or "int8" (CPU formats of
+    swiftk's matmul kernel, float32 activations; a rounded target model, see swiftk.model.Model);
+    ``activations`` (native weights only): "int8" (the default there: activation rows quantized to int8 per block,
+    integer dot products, as llama.cpp computes; kernels/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
+    kernels/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
     ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
     the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/graphs.py)."""
     from .loaders import load_checkpoint
@@ -31,15 +33,32 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
     check_device_dtype(dev, dt)
-    path = resolve_model(model)
     weights = resolve_weights(weights, dev, dt)
+    _check_activations(activations, weights)
+    path = resolve_model(model)
     ckpt = load_checkpoint(path, dtype=dt, native="auto" if weights == "auto" else weights == "native")
     if weights == "auto":
         weights = "native" if ckpt.native else None
     if model in _registry_names():
         ckpt.identity["name"] = model
+    if activations is not None and weights != "native":
+        raise SwiftkError(f"activations={activations!r} applies to GGUF block weights only; {model} loads as float "
+                          "weights (not a block-quantized GGUF file, or weights= chose a float format)")
     return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights,
-                  drafter=drafter, cuda_graphs=cuda_graphs, **options)
+                  activations=activations, drafter=drafter, cuda_graphs=cuda_graphs, **options)
+
+
+def _check_activations(activations, weights) -> None:
+    """Before any download or load: the value, and that the weights can take it."""
+    from .ops.cpu_quant import ACTIVATIONS
+
+    if activations is None:
+        return
+    if activations not in ACTIVATIONS:
+        raise SwiftkError(f"activations={activations!r}: use one of None, {', '.join(ACTIVATIONS)}")
+    if weights not in ("native", "auto"):
+        raise SwiftkError(f"activations={activations!r} applies to GGUF block weights (weights='native') only, "
+                          f"not weights={'float32' if weights is None else weights!r}")
 
 
 def resolve_weights(weights, device, dtype):
@@ -60,13 +79,13 @@ def resolve_weights(weights, device, dtype):
 
 
 def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None,
-             max_context=None, persist=None, drafter=None, cuda_graphs=None, **kw):
+             activations=None, max_context=None, persist=None, drafter=None, cuda_graphs=None, **kw):
     """``load(model, ...)`` once per process and set of load options, then ``Engine.generate(prompt, **kw)``.
 
     Every ``load`` option is accepted; the engine (and its learned state) is kept per (model, load options), so a
     stream of calls keeps improving the drafts."""
-    opts = dict(device=device, dtype=dtype, weights=weights, max_context=max_context, persist=persist,
-                drafter=drafter, cuda_graphs=cuda_graphs)
+    opts = dict(device=device, dtype=dtype, weights=weights, activations=activations, max_context=max_context,
+                persist=persist, drafter=drafter, cuda_graphs=cuda_graphs)
     key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS))
     with _lock:
         eng = _engines.get(key)

@@ -17,7 +17,11 @@ def _common(p):
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--weights", default=None, choices=["native", "float32", "bfloat16", "int8"],
-                   help="CPU weight format read by swiftk's matmul kernel (float32 activations; a rounded model)")
+                   help="CPU weight format: native = the GGUF file's blocks (the default for a quantized file), "
+                        "float32/bfloat16/int8 = swiftk's float-activation formats (bfloat16/int8 round the model)")
+    p.add_argument("--activations", default=None, choices=["int8", "float32"],
+                   help="native weights: int8 (default; integer dot products as llama.cpp) or float32 (the exact "
+                        "de-quantized model)")
 
 
 def main(argv=None) -> int:
@@ -147,8 +151,8 @@ def _generate(a) -> int:
                           if a.exit_layer is None else "--exit-layer is an option of --method early_exit")
     # a run from a given skip set is a one-off: it must not become the saved state later runs start from
     persist = False if a.skip_set else None
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, drafter=a.drafter,
-                      persist=persist, **opt_kw)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
+                      drafter=a.drafter, persist=persist, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -169,7 +173,8 @@ def _generate(a) -> int:
         extra = ""
         if s["method"] != "autoregressive":
             extra = f", M={s['mean_accepted_length']:.2f}, alpha={s['acceptance_rate']:.2f}"
-        print(f"[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['method']}{extra}]", file=sys.stderr)
+        print(f"[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['method']}{extra}; {s['arithmetic']}]",
+              file=sys.stderr)
     return 0
 
 
@@ -181,7 +186,7 @@ def _optimize(a) -> int:
     state = a.state or (a.out + ".state.json")
     check_output_path(a.out, "--out")
     check_output_path(state, "--state")
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)
     search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
                            chat=a.chat, state_path=state, seed=a.seed)
     best = search.run(progress=sys.stderr.isatty())
@@ -249,8 +254,8 @@ def _serve(a) -> int:
     except OSError as e:
         raise SwiftkError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, max_context=a.max_context,
-                      **opt_kw)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
+                      max_context=a.max_context, **opt_kw)
     name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
     print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
           file=sys.stderr, flush=True)
@@ -267,7 +272,7 @@ def _info(a) -> int:
     from .registry import model_info, swiftk_home
 
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights)
+    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)
     info.update(eng.info())
     print(json.dumps(info, indent=1, default=str))
     return 0

@@ -24,7 +24,7 @@ from .errors import SwiftkError, warn
 from .files import check_output_path
 from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
                        stream_pieces)
-from .model import Model, check_device_dtype, resolve_device, resolve_dtype
+from .model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
 from .proposers.user import check_proposers
 from .session import Session
@@ -48,10 +48,12 @@ def split_options(kw: dict) -> tuple:
 
 class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
-                 persist: Optional[bool] = None, weights: Optional[str] = None, drafter=None,
+                 persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
+                 drafter=None,
                  cuda_graphs: Optional[bool] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
-        ``weights``: None, "native" (blocks: load_checkpoint(native=True)), "bfloat16" or "int8" (see :class:`Model`).
+        ``weights``: None, "native" (blocks: load_checkpoint(native=True)), "bfloat16" or "int8"; ``activations``:
+        None, "int8" or "float32" for native weights (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
         ``method="moa"`` (experimental; default: found by model name). ``cuda_graphs``: None (on for a CUDA
@@ -81,7 +83,8 @@ class Engine:
             raise SwiftkError(f"cuda_graphs=True needs a CUDA device, got {self.device}")
         if persist is not None and not isinstance(persist, bool):
             raise SwiftkError(f"persist must be True, False or None, got {persist!r}")
-        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights)
+        self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights,
+                           activations=activations)
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
         self.max_context = max_context
         self.cache = self.model.new_cache(max_context + _SCRATCH)
@@ -155,7 +158,7 @@ class Engine:
         return self.costs.budget()
 
     def state_path(self) -> Path:
-        return state_file(self.identity, self.device, self.dtype, self.model.weights)
+        return state_file(self.identity, self.device, self.dtype, self.model.weights, self.model.activations)
 
     def _load_persisted(self, cfg) -> None:
         path = self.state_path()
@@ -309,6 +312,7 @@ class Engine:
             state.tokens_seen += len(sink.ids)
             state.time_decode_s += wall
         stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(ids)
+        stats.arithmetic = self.model.arithmetic(short=True)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
         stats.exit_layer = exit_layer
         if self.persist and m.speculative and state is self.state:
@@ -385,13 +389,15 @@ class Engine:
         c, o = self.config, self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "weights": self.model.weights,
+                "activations": self.model.activations or str(self.dtype).replace("torch.", ""),
+                "arithmetic": self.model.arithmetic(),
                 "parameters": self.model.n_params(), "weight_bytes": self.model.weight_bytes(),
                 "resident_weight_bytes": self.model.resident_bytes(),
                 "weight_formats": self.model.formats(), "max_context": self.max_context,
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
-                "layer_loop": ("fused C loop (kernels/cpu_decode.cpp) for passes of <= 32 tokens"
+                "layer_loop": (f"fused C loop (kernels/cpu_decode.cpp) for passes of <= {KERNEL_MAX_ROWS} tokens"
                                if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,

@@ -98,6 +98,7 @@ class DecodeStats:
     """Per-call statistics (JSON-serialisable with ``to_dict``; ``stats["name"]`` reads a field too)."""
 
     method: str = ""
+    arithmetic: str = ""               # the numerical model that ran, e.g. "Q4_1 blocks x int8 activations"
     new_tokens: int = 0
     prompt_tokens: int = 0
     wall_time_s: float = 0.0

@@ -46,13 +46,16 @@ class Layer:
 
 class Model:
     def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32,
-                 weights: Optional[str] = None):
+                 weights: Optional[str] = None, activations: Optional[str] = None):
         """``weights``: None (every weight in ``dtype``), or a compressed format for the matrices (projections and
         LM head) with float32 activations, CPU only: "bfloat16" (half the bytes) or "int8" (per-row symmetric,
         a quarter). Either is a different target model than the float32 weights (rounded), and speculative
         decoding is lossless with respect to whichever runs. "native": ``tensors`` holds the GGUF file's
-        block-format matrices as weights.BlockWeight (loaders.load_checkpoint(native=True)), used as they are:
-        exactly the file's model."""
+        block-format matrices as weights.BlockWeight (loaders.load_checkpoint(native=True)), used as they are.
+        ``activations`` (native weights only): "int8" (default: each activation row quantized to int8 per block
+        and multiplied in integers, the arithmetic of llama.cpp; kernels/cpu_qdot.cpp) or "float32" (the exact
+        de-quantized model; kernels/cpu_quant.cpp). The two are slightly different numerical models; decoding is
+        lossless with respect to the one that runs."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -63,6 +66,17 @@ class Model:
                 raise SwiftkError(f"weights={weights!r} is a CPU format with float32 activations; got device "
                                   f"{self.device}, dtype {dtype}")
         self.weights = weights
+        if activations is not None and weights != "native":
+            raise SwiftkError(f"activations={activations!r} applies to GGUF block weights (weights='native') only; "
+                              f"these weights are {weights or 'float'}")
+        if weights == "native":
+            from .ops.cpu_quant import ACTIVATIONS
+
+            if activations is None:
+                activations = ACTIVATIONS[0]
+            if activations not in ACTIVATIONS:
+                raise SwiftkError(f"activations={activations!r}: use one of {', '.join(ACTIVATIONS)}")
+        self.activations = activations   # None: float activations of the compute dtype
 
         blocks = any(isinstance(t, BlockWeight) for t in tensors.values())
         if blocks != (weights == "native"):
@@ -71,7 +85,7 @@ class Model:
 
         def matrix(t):
             if isinstance(t, BlockWeight):
-                return t
+                return t.with_act(activations)
             if weights == "int8":
                 return QWeight.quantize(t)
             return t.to(torch.bfloat16).contiguous() if weights == "bfloat16" else t
@@ -94,6 +108,8 @@ class Model:
         self.embed = get("model.embed_tokens.weight", (c.vocab_size, D))
         self.norm = get("model.norm.weight", (D,))
         self.lm_head = matrix(self.embed if c.tie_embeddings else get("lm_head.weight", (c.vocab_size, D)))
+        if c.tie_embeddings and isinstance(self.lm_head, BlockWeight):
+            self.embed = self.lm_head   # one copy of the tied matrix (rows() reads packed blocks too)
         self.layers = []
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
@@ -173,6 +189,23 @@ class Model:
     def resident_bytes(self) -> int:
         """Bytes the weights occupy in memory (the embedding included; a tied head counted once)."""
         return sum(nbytes(t) for _, t in named_weights(self))
+
+    def arithmetic(self, short: bool = False) -> str:
+        """Which numerical model runs: the weight storage and the activation arithmetic of its matmuls."""
+        dt = str(self.dtype).replace("torch.", "")
+        if self.weights == "native":
+            from .ops import cpu_quant
+
+            kinds = sorted({f for fs in self.formats().values() for f in fs if f not in ("F32", "F16", "BF16")})
+            what = f"{'/'.join(kinds)} blocks x {self.activations} activations"
+            if short:
+                return what
+            kernel = (f"integer dot products, kernels/cpu_qdot.cpp {cpu_quant.int_isa()}" if self.activations == "int8"
+                      else "de-quantized in registers, float32 FMAs, kernels/cpu_quant.cpp")
+            return f"{what} ({kernel})"
+        if self.weights is not None:
+            return f"{self.weights} weights x float32 activations"
+        return f"{dt} weights x {dt} activations"
 
     def formats(self) -> dict:
         """Storage format per kind of weight (weights.formats)."""

@@ -155,8 +155,9 @@ class LearnedState:
 SkipSetState = LearnedState   # the name before draft sources were pluggable
 
 
-def state_file(identity: dict, device, dtype, weights) -> Path:
-    """``$SWIFTK_HOME/state/<model>-<fingerprint>-<device>-<dtype>.json``: one file per model, device and dtype."""
+def state_file(identity: dict, device, dtype, weights, activations=None) -> Path:
+    """``$SWIFTK_HOME/state/<model>-<fingerprint>-<device>-<dtype>.json``: one file per model, device, dtype and
+    numerical model (weight format, activation arithmetic: the cost model and what drafts pay differ)."""
     import hashlib
 
     import torch
@@ -166,7 +167,8 @@ def state_file(identity: dict, device, dtype, weights) -> Path:
     fp = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:12]
     name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(identity.get("name") or "model"))
     kind = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_")
-    dt = str(dtype).replace("torch.", "") + (f"-w{weights}" if weights else "")
+    dt = (str(dtype).replace("torch.", "") + (f"-w{weights}" if weights else "")
+          + (f"-a{activations}" if activations and activations != "float32" else ""))
     return swiftk_home() / "state" / f"{name}-{fp}-{kind}-{dt}.json"
 
 

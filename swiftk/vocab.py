@@ -192,7 +192,7 @@ class DraftHead:
     def logits_subset(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> float32 [T, n]: the full head's logits at `ids`, in that order."""
         if self._blocks is not None:
-            w = BlockWeight(((self._w[: self._n], self._blocks),), self.lm_head.K)
+            w = BlockWeight(((self._w[: self._n], self._blocks),), self.lm_head.K)   # rows in the file's layout: float32
         else:
             w = self._w[: self._n] if self._s is None else QWeight(self._w[: self._n], self._s[: self._n])
         return linear(x, w).float()

@@ -53,14 +53,38 @@ class BlockWeight:
     the block kernel (kernels/cpu_quant.cpp) without ever being widened to float32 in memory.
 
     ``parts``: row groups ((raw [n_i, K / block * block_bytes] uint8, ggml type id), ...) stacked in order: a fused
-    matrix keeps each source tensor's format (Q4_K_M files store some layers' v or down in Q6_K)."""
+    matrix keeps each source tensor's format (Q4_K_M files store some layers' v or down in Q6_K). ``act``: the
+    activation arithmetic its matmuls run, "float32" (the de-quantized model) or "int8" (ops/cpu_quant.py), whose
+    kernel reads the blocks packed (cpu_quant.repack: the file's bytes permuted, the same size): ``packed``."""
     parts: tuple
     K: int
+    act: str = "float32"
 
     def __post_init__(self):
+        from .ops.cpu_quant import ACTIVATIONS, INT8_ACT
+
+        if self.act not in ACTIVATIONS:
+            raise SwiftkError(f"BlockWeight act={self.act!r}: use one of {', '.join(ACTIVATIONS)}")
+        flag = INT8_ACT if self.act == "int8" else 0
         # what kernels/cpu_decode.cpp reads for weight type 3: n_parts, then (address, type, rows) per part
-        desc = [len(self.parts)] + [v for raw, t in self.parts for v in (raw.data_ptr(), int(t), raw.shape[0])]
+        desc = [len(self.parts)] + [v for raw, t in self.parts for v in (raw.data_ptr(), int(t) | flag, raw.shape[0])]
         object.__setattr__(self, "descriptor", torch.tensor(desc, dtype=torch.int64))
+
+    @property
+    def packed(self) -> bool:
+        return self.act == "int8"
+
+    def with_act(self, act: str) -> "BlockWeight":
+        """The same matrix multiplied with ``act`` activations (packed or unpacked: a copy of the blocks)."""
+        from .ops import cpu_quant
+
+        if act == self.act:
+            return self
+        if self.packed:
+            parts = tuple((cpu_quant.unpack_rows(raw, t, self.K, torch.arange(raw.shape[0])), t) for raw, t in self.parts)
+        else:
+            parts = tuple((cpu_quant.repack(raw, t, self.K), t) for raw, t in self.parts)
+        return BlockWeight(parts, self.K, act)
 
     @property
     def shape(self):
@@ -84,7 +108,10 @@ class BlockWeight:
     @staticmethod
     def cat(ws) -> "BlockWeight":
         """Row-stack block weights of one K; adjacent groups of one format become one group (one kernel call):
-        a view when they lie back to back in one buffer (the loader reads them so), else a copy."""
+        a view when they lie back to back in one buffer (the loader reads them so), else a copy. Unpacked only
+        (pack the stacked matrix: packing works on whole groups of 8 rows)."""
+        if any(w.packed for w in ws):
+            raise SwiftkError("BlockWeight.cat stacks unpacked matrices (act='float32'); pack the result")
         parts: list = []
         for w in ws:
             for raw, t in w.parts:
@@ -99,14 +126,23 @@ class BlockWeight:
                     parts[-1] = (both, t)
                 else:
                     parts.append((raw, t))
-        return BlockWeight(tuple(parts), ws[0].K)
+        return BlockWeight(tuple(parts), ws[0].K, ws[0].act)
 
     def __getitem__(self, idx) -> "BlockWeight":
-        """The rows ``idx`` (a 1-D index tensor), as one group: a draft head's subset of the LM head."""
+        """The rows ``idx`` (a 1-D index tensor), as one group in the file's layout (float32 activations): a draft
+        head's subset of the LM head."""
         if len(self.parts) != 1:
             raise SwiftkError("row subsets of a block weight in several formats are not supported")
-        raw, t = self.parts[0]
-        return BlockWeight(((raw[idx].contiguous(), t),), self.K)
+        return BlockWeight(((self._raw_rows(0, idx), self.parts[0][1]),), self.K)
+
+    def _raw_rows(self, i: int, ids) -> torch.Tensor:
+        """Rows ``ids`` of part ``i`` in the file's layout."""
+        from .ops import cpu_quant
+
+        raw, t = self.parts[i]
+        if self.packed:
+            return cpu_quant.unpack_rows(raw, t, self.K, torch.as_tensor(ids))
+        return raw[ids].contiguous()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), K]: rows ``ids`` dequantized (an embedding lookup)."""
@@ -114,15 +150,15 @@ class BlockWeight:
 
         flat = ids.reshape(-1).cpu()
         if len(self.parts) == 1 and flat.numel():   # one format (every embedding we load): no selection
-            raw, t = self.parts[0]
-            got = raw[flat].contiguous()
+            t = self.parts[0][1]
+            got = self._raw_rows(0, flat)
             return cpu_quant.dequant(t, got.reshape(-1), got.shape[0] * self.K).reshape(*ids.shape, self.K)
         out = torch.empty(flat.numel(), self.K, dtype=torch.float32)
         start = 0
-        for raw, t in self.parts:
+        for i, (raw, t) in enumerate(self.parts):
             sel = (flat >= start) & (flat < start + raw.shape[0])
             if sel.any():
-                got = raw[flat[sel] - start].contiguous()
+                got = self._raw_rows(i, flat[sel] - start)
                 out[sel] = cpu_quant.dequant(t, got.reshape(-1), got.shape[0] * self.K).reshape(-1, self.K)
             start += raw.shape[0]
         return out.reshape(*ids.shape, self.K)
@@ -150,7 +186,10 @@ WEIGHT_FORMATS = ("bfloat16", "int8", "native")
 # torch's matmul serves, in the product form measured faster for T rows on this CPU: MKL's x @ w.T at a few rows
 # is 1.6-3x slower than its one-row GEMV on some CPUs and the faster form on others (choose_cpu_linear_forms).
 _TRANSPOSED: dict = {}
-KERNEL_MAX_ROWS = 32   # above this many rows (a prefill) MKL's GEMM beats the skinny kernel
+# Every pass that can be a verify pass (trees of <= 64 nodes, config.max_tree_nodes) runs on the batch-invariant
+# kernels (and on CPU through the fused C loop), so a verify pass equals the plain steps bit for bit; longer
+# passes are prefills, which both arms share, and take GEMM.
+KERNEL_MAX_ROWS = 64
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -164,7 +203,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if isinstance(w, BlockWeight):   # the block kernel amortises each block over all T rows; prefills take GEMM
         from .ops import cpu_quant
 
-        return cpu_quant.linear_parts(x, w.parts, w.K)
+        return cpu_quant.linear_parts(x, w.parts, w.K, w.act)
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
     # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.

@@ -129,7 +129,8 @@ def test_weight_formats(fused_switch, weights):
 
 
 def test_fused_path_serves_small_passes_only(fused_switch, monkeypatch):
-    """The switch is applied: on, passes of <= 32 tokens go through the C loop; off (or a prefill), they don't."""
+    """The switch is applied: on, passes of <= 64 tokens (any verify pass) go through the C loop; off (or a longer
+    prefill), they don't."""
     m = _model()
     calls = []
     real = cpu_linear.layers_fn
@@ -139,14 +140,14 @@ def test_fused_path_serves_small_passes_only(fused_switch, monkeypatch):
         return real()
 
     monkeypatch.setattr(cpu_linear, "layers_fn", spy)
-    cache = m.new_cache(64)
-    m.forward(torch.arange(40) % 90, torch.arange(40), torch.arange(40), cache)   # prefill: torch path
+    cache = m.new_cache(96)
+    m.forward(torch.arange(70) % 90, torch.arange(70), torch.arange(70), cache)   # prefill: torch path
     assert not calls
-    m.forward(torch.tensor([7]), torch.tensor([40]), torch.tensor([40]), cache, start=40)
+    m.forward(torch.tensor([7]), torch.tensor([70]), torch.tensor([70]), cache, start=70)
     assert calls
     calls.clear()
     fused_switch(False)
-    m.forward(torch.tensor([7]), torch.tensor([41]), torch.tensor([41]), cache, start=41)
+    m.forward(torch.tensor([7]), torch.tensor([71]), torch.tensor([71]), cache, start=71)
     assert not calls
 
 

@@ -1,5 +1,6 @@
-"""weights="native": a GGUF file's block-format matrices used as they are (weights.BlockWeight, kernels/cpu_quant.cpp
-inside the fused layer loop and op by op). Reference: the same file dequantized to float32 (the default path)."""
+"""weights="native": a GGUF file's block-format matrices used as they are (weights.BlockWeight inside the fused layer
+loop and op by op), with float32 activations (kernels/cpu_quant.cpp; reference: the same file dequantized to float32)
+and with int8 activations (kernels/cpu_qdot.cpp, the default; close to the float32 model, lossless to itself)."""
 import gguf
 import gguf.quants as gq
 import numpy as np
@@ -109,9 +110,9 @@ def files(tmp_path_factory):
     return out
 
 
-def _models(path):
+def _models(path, activations="float32"):
     nat, ref = load_checkpoint(path, native=True), load_checkpoint(path)
-    return Model(nat.config, nat.tensors, weights="native"), Model(ref.config, ref.tensors)
+    return Model(nat.config, nat.tensors, weights="native", activations=activations), Model(ref.config, ref.tensors)
 
 
 def _run(model, ids):
@@ -151,6 +152,32 @@ def test_native_equals_the_dequantized_float32_path(files, fmt, fused):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+@pytest.mark.parametrize("fmt", FORMATS + ["mixed"])
+def test_int8_activations_are_close_to_the_float32_path(files, fmt):
+    """int8 activations: a slightly different numerical model, within a few percent of the float32 path's logits
+    (formats gguf quantizes; the others' random test blocks make a chaotic model); the fused loop and the op-by-op
+    loop (prefills) agree closely: an ulp of difference before a linear can flip one activation's rounding, which
+    moves an output by one quantization step of its block."""
+    path, _ = files[fmt]
+    nat, ref = _models(path, "int8")
+    assert nat.activations == "int8" and all(m.act == "int8" for Lr in nat.layers for m in (Lr.wqkv, Lr.w_down))
+    ids = [5, 77, 130, 9, 200, 41, 3, 88, 250, 17, 60, 99]
+    was = cpu_linear.fused_active()
+    try:
+        cpu_linear.set_fused(True)
+        fused = _run(nat, ids)
+        cpu_linear.set_fused(False)
+        loop = _run(nat, ids)
+    finally:
+        cpu_linear.set_fused(was)
+    want = _run(ref, ids)
+    assert (fused - loop).abs().max() / loop.abs().max() < 0.05
+    err = (fused - want).abs().max() / want.abs().max()
+    assert err > 0
+    if fmt in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K"):
+        assert err < 0.05, f"{fmt}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("fmt", ["Q4_1", "mixed"])
 def test_a_long_prefill_takes_the_gemm_panels_and_agrees(files, fmt):
     """Passes of >= cpu_quant.PANEL_MIN_ROWS rows de-quantize panels for torch's GEMM: the logits, and the KV cache
@@ -176,19 +203,24 @@ def test_native_decoding_is_lossless_and_follows_the_file(files):
     """Greedy: speculative decoding on native weights equals its own autoregressive output, and that equals the
     float32 path's wherever the float32 path's top-2 margin is not a near tie."""
     path, _ = files["mixed"]
-    nat = swiftk.load(str(path), weights="native", persist=False)
-    flt = swiftk.load(str(path), persist=False)
+    nat = swiftk.load(str(path), weights="native", activations="float32", persist=False)
+    flt = swiftk.load(str(path), weights="float32", persist=False)
     prompt = "the the the t he the"
     a = nat.generate(prompt, max_new_tokens=40, method="autoregressive")
     assert nat.generate(prompt, max_new_tokens=40).token_ids == a.token_ids
     b = flt.generate(prompt, max_new_tokens=40, method="autoregressive")
     _agree_until_near_tie(flt, a.prompt_ids, b.token_ids, a.token_ids)
+    i8 = swiftk.load(str(path), persist=False)   # the default: int8 activations, lossless to its own AR
+    assert i8.info()["activations"] == "int8"
+    c = i8.generate(prompt, max_new_tokens=40, method="autoregressive")
+    assert i8.generate(prompt, max_new_tokens=40).token_ids == c.token_ids
 
 
 def test_info_reports_formats_and_resident_bytes(files):
     path, block_bytes = files["mixed"]
     info = swiftk.load(str(path), weights="native", persist=False).info()
-    assert info["weights"] == "native"
+    assert info["weights"] == "native" and info["activations"] == "int8"
+    assert info["arithmetic"].startswith("Q4_1/Q4_K/Q5_0/Q5_K/Q6_K/Q8_0 blocks x int8 activations (integer dot")
     fm = info["weight_formats"]
     assert fm["blk.*.attn_qkv"] == ["Q4_K", "Q6_K"] and fm["blk.*.ffn_gate_up"] == ["Q4_1", "Q8_0"]
     assert fm["output"] == ["Q5_K"] and fm["token_embd"] == ["Q8_0"] and fm["output_norm"] == ["F32"]
@@ -233,9 +265,12 @@ def _agree_until_near_tie(flt, prompt_ids, want, got, rel=1e-4):
 
 
 def test_real_file_native_is_the_default_and_decodes_as_the_float32_path(smollm2_path):
-    """SmolLM2-135M's Q4_1 file: native by default, resident weights within 1.1x the file, and greedy output equal
-    to the dequantized float32 path's (up to a near tie), autoregressive and speculative."""
-    nat = swiftk.load(str(smollm2_path), persist=False)
+    """SmolLM2-135M's Q4_1 file: native with int8 activations by default, resident weights within 1.1x the file;
+    with float32 activations its greedy output equals the dequantized float32 path's (up to a near tie),
+    autoregressive and speculative."""
+    dflt = swiftk.load(str(smollm2_path), persist=False)
+    assert dflt.info()["weights"] == "native" and dflt.info()["activations"] == "int8"
+    nat = swiftk.load(str(smollm2_path), persist=False, activations="float32")
     flt = swiftk.load(str(smollm2_path), persist=False, weights="float32")
     assert nat.info()["weights"] == "native" and flt.info()["weights"] is None
     assert nat.info()["resident_weight_bytes"] <= 1.1 * smollm2_path.stat().st_size

@@ -36,6 +36,9 @@ extern "C" {
 #define SWK_W_BFLOAT16 1 /* bfloat16 bits (uint16, the top half of a float32) */
 #define SWK_W_INT8 2     /* int8, row n times a float32 scale[n]: W ~= q * scale[:, None] (symmetric per row) */
 #define SWK_W_BLOCKS 3   /* swk_layers only: GGUF block formats, the address an int64 descriptor (see swk_layers) */
+/* In a block descriptor, a ggml type with this bit set runs with int8 activations (kernels/cpu_qdot.cpp: each
+ * activation row quantized per block, integer dot products) instead of float32 ones (kernels/cpu_quant.cpp). */
+#define SWK_Q_INT8_ACT 256
 
 /* Skinny matmul for decoding (M of a few rows up to ~32; any M works):
  *   y[M, N] = x[M, K] @ W[N, K]^T            (wt SWK_W_FLOAT32 / SWK_W_BFLOAT16, scale must be NULL)
@@ -80,8 +83,8 @@ enum swk_layer_ptr {
  * rmsnorm(h) = h / sqrt(mean(h^2) + eps). The final norm and LM head are the caller's (swk_linear).
  *   table   [n_layers, SWK_LAYER_TABLE_WIDTH] addresses (offset the pointer to start at a later layer)
  *   wtypes  [n_layers, 4] int: weight types (SWK_W_*) of Wqkv, Wo, Wgu, Wdown; SWK_W_BLOCKS: the weight address
- *           is an int64 descriptor {n_parts, (address, ggml type, rows) per part}: row groups of GGUF blocks
- *           stacked in order, computed by the function given to swk_set_q_linear
+ *           is an int64 descriptor {n_parts, (address, ggml type [| SWK_Q_INT8_ACT], rows) per part}: row groups
+ *           of GGUF blocks stacked in order, computed by the function given to swk_set_q_linear
  *   flags   [n_layers, 2] bytes: attention / MLP sublayer skipped (all 0 for the full model)
  *   slots   [T] int64 in [0, max_slots): cache slot each new token's k, v are written to
  *   cos_t, sin_t [T, hd/2] float32: cos/sin(position[t] * inv_freq[i]), inv_freq[i] = theta^(-2i/hd)
@@ -94,7 +97,8 @@ SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wt
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
                           const uint8_t* vis, int64_t S, float* h, int nthreads);
 
-/* The block matmul for weight type 3: kernels/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy). */
+/* The block matmul for weight type 3: kernels/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy; built
+ * with kernels/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
 SWIFTK_API void swk_set_q_linear(void* fn);
 
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */

@@ -110,6 +110,8 @@ def chunk_features(model, ids: list, max_tli: int) -> dict:
         h = model.run_layers(h, start, L - n, pos, pos, cache, None, None)[0]
         captured[n], start = h.clone(), L - n
     h, x, _ = model.run_layers(h, start, L, pos, pos, cache, None, None)
+    if x is None:   # the fused CPU loop returns the residual only
+        x = model.ops.rmsnorm(h, model.norm, model.cfg.rms_eps)
     kv = cache.data[:, :, :, :T].permute(3, 0, 1, 2, 4).reshape(T, L, -1)
     out = {"tokens": torch.tensor(ids, dtype=torch.int32), "kv": kv.to(torch.bfloat16).cpu(),
            "final": x.to(torch.bfloat16).cpu()}

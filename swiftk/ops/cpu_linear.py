@@ -68,13 +68,15 @@ def _compiler() -> Optional[str]:
     return shutil.which(cxx)
 
 
-def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear") -> Path:
-    """``src`` compiled alone into ``build/<stem>-<key>.so``; ``includes``: the kernels/ files it #includes (part
-    of the key). The default: kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
+def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear", sources=()) -> Path:
+    """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
+    ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
+    kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
     from swiftk.registry import swiftk_home
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = [src.read_text(), *(source_path(name).read_text() for name in includes)]
+    units = [src, *(source_path(name) for name in sources)]
+    texts = [u.read_text() for u in units] + [source_path(name).read_text() for name in includes]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(swiftk_home()) / "build"
     out = out_dir / f"{stem}-{key}.so"
@@ -89,7 +91,8 @@ def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_l
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{stem}-{key}.{os.getpid()}.{threading.get_ident()}.so"
     try:
-        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(src)], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), *map(str, units)], capture_output=True, text=True,
+                           timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
         # sidecar first: a library without its sidecar (or with another's) is never loaded
@@ -133,9 +136,10 @@ class KernelUnavailable(Exception):
         self.loud = loud
 
 
-def open_library(source: str, symbols, includes=(), stem: Optional[str] = None) -> ctypes.CDLL:
-    """kernels/``source`` built for this host (once, as the module docstring says) and loaded; raises
-    :class:`KernelUnavailable` when it is switched off, cannot be built, or lacks one of ``symbols``."""
+def open_library(source: str, symbols, includes=(), stem: Optional[str] = None, sources=()) -> ctypes.CDLL:
+    """kernels/``source`` (with the further translation units ``sources``) built for this host (once, as the module
+    docstring says) and loaded; raises :class:`KernelUnavailable` when it is switched off, cannot be built, or lacks
+    one of ``symbols``."""
     if os.environ.get(ENV_VAR, "").strip() == "0":
         raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -144,7 +148,7 @@ def open_library(source: str, symbols, includes=(), stem: Optional[str] = None) 
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
     try:
-        path = _build(source_path(source), cxx, includes, stem or Path(source).stem)
+        path = _build(source_path(source), cxx, includes, stem or Path(source).stem, sources)
         lib = ctypes.CDLL(str(path))
     except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
         raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e

@@ -1,8 +1,12 @@
-"""The GGUF block-quant CPU kernel (``kernels/cpu_quant.cpp``): matmul with weights kept in ggml block formats.
+"""The GGUF block-quant CPU kernels: matmul with weights kept in ggml block formats.
 
-``linear(x, w_raw, type, K)`` computes ``x @ W.T`` where ``W`` is ``w_raw``'s rows of ggml blocks (a GGUF tensor's
-bytes, one row of blocks per output row), dequantized in registers; ``dequant(type, raw, n)`` is the plain
-dequantization, equal bit for bit to ``gguf.quants.dequantize``. Types: ggml ids in :data:`TYPES`.
+``linear(x, w_raw, type, K, act)`` computes ``x @ W.T`` where ``W`` is ``w_raw``'s rows of ggml blocks (a GGUF
+tensor's bytes, one row of blocks per output row). ``act="float32"`` (``kernels/cpu_quant.cpp``): blocks
+dequantized in registers, float32 activations, the exact de-quantized model. ``act="int8"``
+(``kernels/cpu_qdot.cpp``): each activation row quantized to int8 per block (32 elements for the 32-element
+formats, 256 for the K formats; float32 scale), integer dot products, as llama.cpp computes. Both are batch
+invariant. ``dequant(type, raw, n)`` is the plain dequantization, equal bit for bit to ``gguf.quants.dequantize``.
+Types: ggml ids in :data:`TYPES`.
 
 Built and loaded like kernels/cpu_linear.cpp (swiftk/ops/cpu_linear.py: first use, per-host build, sidecar
 hash); :func:`status` says which path the build took or why there is none.
@@ -20,7 +24,11 @@ from swiftk.ops import cpu_linear
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _NAMES = {v: k for k, v in TYPES.items()}
-_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_size", "swk_q_type_size", "swk_q_isa")
+_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_size", "swk_q_type_size", "swk_q_isa",
+            "swk_qi_linear_ld", "swk_qi_linear_ref", "swk_qi_quantize", "swk_qi_isa", "swk_qi_repack",
+            "swk_qi_unpack_rows")
+ACTIVATIONS = ("int8", "float32")   # the activation arithmetic of a block matmul (act=...)
+INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu_qdot.cpp
 _ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
 
 _lock = threading.Lock()
@@ -31,7 +39,7 @@ _why: Optional[str] = None   # reason the kernel is not available, once decided 
 def _load() -> None:
     global _lib, _why
     try:
-        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS)
+        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS, includes=("cpu_gguf.h",), sources=("cpu_qdot.cpp",))
     except cpu_linear.KernelUnavailable as e:
         _why = str(e)
         if e.loud:
@@ -41,6 +49,10 @@ def _load() -> None:
     lib.swk_q_dequant.argtypes = [ctypes.c_int, p, i64, p]
     lib.swk_q_linear.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p]
     lib.swk_q_linear_ld.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p, i64]
+    lib.swk_qi_linear_ld.argtypes = lib.swk_qi_linear_ref.argtypes = lib.swk_q_linear_ld.argtypes
+    lib.swk_qi_quantize.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p]
+    lib.swk_qi_repack.argtypes = [ctypes.c_int, p, i64, i64, p]
+    lib.swk_qi_unpack_rows.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     for name in _SYMBOLS:
         getattr(lib, name).restype = ctypes.c_int
     lib.swk_q_block_size.argtypes = lib.swk_q_type_size.argtypes = [ctypes.c_int]
@@ -64,8 +76,14 @@ def status() -> str:
     """One line: the path the build took (AVX-512, AVX2 or portable C++), or why there is no kernel."""
     if _ensure():
         isa = {512: "AVX-512", 256: "AVX2"}.get(_lib.swk_q_isa(), "portable C++")
-        return f"swiftk quant kernel (kernels/cpu_quant.cpp, {isa})"
+        return f"swiftk quant kernels (kernels/cpu_quant.cpp {isa}; int8 activations kernels/cpu_qdot.cpp {int_isa()})"
     return f"unavailable ({_why})"
+
+
+def int_isa() -> str:
+    """The path of the int8-activation kernel in this build: "AVX2+VNNI", "AVX2" or "portable C++"."""
+    _need()
+    return {2: "AVX2+VNNI", 1: "AVX2"}.get(int(_lib.swk_qi_isa()), "portable C++")
 
 
 def isa() -> int:
@@ -120,9 +138,22 @@ def dequant(qtype, raw: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
+def _act_code(qtype, act: str) -> int:
+    if act not in ACTIVATIONS:
+        raise SwiftkError(f"cpu quant: act={act!r}: use one of {', '.join(ACTIVATIONS)}")
+    return int(qtype) | (INT8_ACT if act == "int8" else 0)
+
+
+def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int, act: str = "float32", *, packed: bool = False,
+           reference: bool = False) -> torch.Tensor:
     """y [M, N] float32 = x [M, K] @ W.T, W = ``w_raw`` [N, K / block_size * type_size] uint8: N rows of ggml
-    blocks of type ``qtype``. x in any float dtype (computed in float32). Raises SwiftkError on bad operands."""
+    blocks of type ``qtype``. x in any float dtype (computed in float32); ``act``: the activation arithmetic
+    (module docstring). The int8 kernel reads W packed (:func:`repack`): ``packed=True`` says ``w_raw`` is, else it
+    is packed for this call (a weight used more than once: pack it once). ``reference``: the int8 path's scalar
+    definition on the file's layout (tests). Raises SwiftkError on bad operands."""
+    code = _act_code(qtype, act)
+    if packed and (act != "int8" or reference):
+        raise SwiftkError("cpu quant: packed=True is the int8 kernel's layout (act='int8', not the reference)")
     bs, ts = _sizes(qtype)
     _raw("w_raw", w_raw)
     K = int(K)
@@ -139,31 +170,79 @@ def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M, N = xf.shape[0], w_raw.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
-    _check(_lib.swk_q_linear(xf.data_ptr(), M, K, w_raw.data_ptr(), int(qtype), N, y.data_ptr()), "linear")
+    fn = _lib.swk_qi_linear_ref if reference else _lib.swk_q_linear_ld
+    if reference and act != "int8":
+        raise SwiftkError("cpu quant: reference=True is the int8-activation path's definition (act='int8')")
+    if act == "int8" and not reference and not packed:
+        w_raw = repack(w_raw, qtype, K)
+    _check(fn(xf.data_ptr(), M, K, w_raw.data_ptr(), int(qtype) if reference else code, N, y.data_ptr(), N),
+           "linear")
     return y
+
+
+def repack(raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
+    """``raw`` [N, bytes per row] (ggml blocks of ``qtype`` in the file's layout) packed for the int8 kernel: rows
+    in groups of 8 with each block's fields side by side (kernels/cpu_qdot.cpp). Same shape and size."""
+    bs, ts = _sizes(qtype)
+    _raw("raw", raw)
+    if raw.dim() != 2 or raw.shape[0] < 1 or K % bs or raw.shape[1] != K // bs * ts:
+        raise SwiftkError(f"cpu quant: repack needs [N, {K // bs * ts}] bytes of {_NAMES[int(qtype)]} rows, "
+                          f"got {tuple(raw.shape)}")
+    out = torch.empty_like(raw)
+    _check(_lib.swk_qi_repack(int(qtype), raw.data_ptr(), raw.shape[0], int(K), out.data_ptr()), "repack")
+    return out
+
+
+def unpack_rows(packed: torch.Tensor, qtype, K: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a :func:`repack`-ed matrix in the file's layout: [len(ids), bytes per row] uint8."""
+    bs, ts = _sizes(qtype)
+    _raw("packed", packed)
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), packed.shape[1], dtype=torch.uint8)
+    if flat.numel():
+        _check(_lib.swk_qi_unpack_rows(int(qtype), packed.data_ptr(), packed.shape[0], int(K), flat.data_ptr(),
+                                       flat.numel(), out.data_ptr()), "unpack_rows")
+    return out
+
+
+def quantize(x: torch.Tensor, block: int, simd: bool = True) -> tuple:
+    """(q [M, K] int8, d [M, K / block] float32): the int8 path's activation quantizer on x [M, K] float32, blocks
+    of ``block`` (32 or 256); ``simd=False`` runs its scalar definition (tests hold the two equal)."""
+    _need()
+    if (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.float32 or block not in (32, 256)
+            or x.shape[1] % block or x.shape[0] < 1):
+        raise SwiftkError("cpu quant: quantize needs float32 [M, K] with K a multiple of block 32 or 256")
+    xc = x.contiguous()
+    q = torch.empty(x.shape, dtype=torch.int8)
+    d = torch.empty(x.shape[0], x.shape[1] // block, dtype=torch.float32)
+    _check(_lib.swk_qi_quantize(xc.data_ptr(), x.shape[0], x.shape[1], block, int(simd), q.data_ptr(),
+                                d.data_ptr()), "quantize")
+    return q, d
 
 
 PANEL_MIN_ROWS = 128   # passes this long (prefills: verify passes stop at 65 rows) take _panels_into
 _PANEL = 256           # weight rows de-quantized per GEMM call (~1.5-9 MB of float32 at K = 1536-8960)
 
 
-def linear_parts(x: torch.Tensor, parts, K: int) -> torch.Tensor:
+def linear_parts(x: torch.Tensor, parts, K: int, act: str = "float32") -> torch.Tensor:
     """y [M, sum N_i] float32 = x [M, K] @ [W_1; W_2; ...].T for ``parts`` ((raw_i [N_i, bytes per row] uint8,
     qtype_i), ...): a matrix whose row groups are stored in different formats (a GGUF file's q, k and v), each
-    group writing its column slice of one output: by the block kernel, or for passes of >= ``PANEL_MIN_ROWS``
-    rows by :func:`_panels_into`. The caller has checked the parts (BlockWeight)."""
+    group writing its column slice of one output: by the block kernel of ``act``, or with float32 activations for
+    passes of >= ``PANEL_MIN_ROWS`` rows by :func:`_panels_into`. int8: the parts are packed (:func:`repack`). The
+    caller has checked the parts (BlockWeight)."""
     _need()
+    int8 = act == "int8"
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M = xf.shape[0]
     N = sum(raw.shape[0] for raw, _ in parts)
     y = torch.empty(M, N, dtype=torch.float32)
     col, base = 0, y.data_ptr()
     for raw, qtype in parts:
-        if M >= PANEL_MIN_ROWS:
+        if M >= PANEL_MIN_ROWS and not int8:
             _panels_into(xf, raw, qtype, int(K), y[:, col:col + raw.shape[0]])
         else:
-            _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype), raw.shape[0],
-                                        base + 4 * col, N), "linear")
+            _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype) | (INT8_ACT * int8),
+                                        raw.shape[0], base + 4 * col, N), "linear")
         col += raw.shape[0]
     return y
 

@@ -1,0 +1,223 @@
+"""kernels/cpu_qdot.cpp, the int8-activation block matmul: the activation quantizer (SIMD and scalar equal, and equal
+to a numpy definition), the kernel against a numpy reference and bit for bit against its scalar definition, batch
+invariance (rows, their positions, tiles, threads, column slices), every ISA build agreeing bit for bit, bad
+operands."""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from swiftk.errors import SwiftkError
+from swiftk.ops import cpu_quant
+from test_cpu_quant import NAMES, _blocks
+
+gguf = pytest.importorskip("gguf")
+import gguf.quants as gq  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason=f"CPU quant kernel: {cpu_quant.status()}")
+
+
+def _bs(name: str) -> int:
+    return 256 if gguf.GGML_QUANT_SIZES[Q[name]][0] == 256 else 32
+
+
+def _k(name: str) -> int:
+    return 768 if _bs(name) == 256 else 288
+
+
+def np_quantize(x: np.ndarray, bs: int):
+    """The definition in numpy: per block d = amax / 127 and q = round_half_even(x * (127 / amax)), float32."""
+    M, K = x.shape
+    xb = x.reshape(M, K // bs, bs).astype(np.float32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv).astype(np.int8).reshape(M, K)
+    return q, (amax[..., 0] / np.float32(127)).astype(np.float32)
+
+
+def _activations(M: int, K: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 3
+    x[0, :16] = 0.0                              # a block that is (partly) zero
+    if M > 2:
+        x[2, 5] = 40.0                           # an outlier: every other element of its block rounds near 0
+        x[1, :32] = torch.arange(32) - 15.5      # exact halves: ties round to even
+    return x
+
+
+@pytest.mark.parametrize("bs", [32, 256])
+def test_quantizer_simd_equals_scalar_and_numpy(bs):
+    x = _activations(7, 1024, seed=bs)
+    q, d = cpu_quant.quantize(x, bs)
+    qs, ds = cpu_quant.quantize(x, bs, simd=False)
+    assert torch.equal(q, qs) and torch.equal(d.view(torch.int32), ds.view(torch.int32))
+    nq, nd = np_quantize(x.numpy(), bs)
+    assert np.array_equal(q.numpy(), nq) and np.array_equal(d.numpy().view(np.uint32), nd.view(np.uint32))
+    assert int(q.abs().max()) == 127 and int(q[0, :16].abs().max()) == 0
+
+
+def test_quantizer_marks_non_finite_blocks():
+    x = torch.randn(2, 64)
+    x[0, 3], x[1, 40] = float("inf"), float("nan")
+    for simd in (True, False):
+        q, d = cpu_quant.quantize(x, 32, simd=simd)
+        assert torch.isnan(d[0, 0]) and torch.isnan(d[1, 1]) and torch.isfinite(d[0, 1]) and torch.isfinite(d[1, 0])
+        assert int(q[0, :32].abs().max()) == 0
+
+
+def _reference(x: torch.Tensor, raw: np.ndarray, name: str):
+    """(y, tolerance) in float64: the dequantized weights times the dequantized activations; the tolerance covers
+    the kernel's float32 epilogue (a few roundings per block)."""
+    K = x.shape[1]
+    bs = _bs(name)
+    q, d = np_quantize(x.numpy(), bs)
+    xd = q.astype(np.float64) * np.repeat(d.astype(np.float64), bs, axis=1)
+    W = gq.dequantize(raw, Q[name]).astype(np.float64)
+    tol = (K / bs + 8) * 2.0 ** -22 * (np.abs(xd) @ np.abs(W).T) + 1e-30
+    return xd @ W.T, tol
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_equals_numpy_and_its_scalar_definition(name):
+    K = _k(name)
+    raw = _blocks(name, 21, K, seed=len(name) + K)   # 21 or 42 rows: a short last group of 8
+    x = _activations(13, K, seed=K)
+    w = torch.from_numpy(raw)
+    got = cpu_quant.linear(x, w, Q[name], K, act="int8")
+    ref = cpu_quant.linear(x, w, Q[name], K, act="int8", reference=True)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{name}: SIMD path differs from the definition"
+    want, tol = _reference(x, raw, name)
+    err = np.abs(got.numpy().astype(np.float64) - want)
+    assert (err <= tol).all(), f"{name}: max error {err.max():.3g} over tolerance (max {tol.max():.3g})"
+    # int8 activations are a different numerical model from float32 activations, close to it
+    flt = cpu_quant.linear(x, w, Q[name], K).double()
+    assert float((got.double() - flt).abs().max() / flt.abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_invariance(name):
+    """A row's output is the same bits whatever M (1..33), its position in the pass (so its 4-row tile and lane), the
+    thread count and whether its weight rows are a column slice of a wider output."""
+    K = _k(name)
+    raw = _blocks(name, 19, K, seed=3 * K + len(name))
+    w = torch.from_numpy(raw)
+    x = _activations(33, K, seed=K + 1)
+    full = cpu_quant.linear(x, w, Q[name], K, act="int8")
+    for M in range(1, 34):
+        assert torch.equal(cpu_quant.linear(x[:M], w, Q[name], K, act="int8"), full[:M]), f"{name}: M={M}"
+    perm = torch.randperm(33, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(cpu_quant.linear(x[perm], w, Q[name], K, act="int8"), full[perm])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_quant.linear(x, w, Q[name], K, act="int8"), full)
+    finally:
+        torch.set_num_threads(threads)
+    # the same rows as the second part of a stacked matrix (a column slice of y)
+    other = torch.from_numpy(_blocks(name, 5, K, seed=9))
+    parts = tuple((cpu_quant.repack(r, Q[name], K), Q[name]) for r in (other, w))
+    both = cpu_quant.linear_parts(x, parts, K, "int8")
+    assert torch.equal(both[:, other.shape[0]:], full)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repack_round_trip(name):
+    """Packing permutes the file's bytes (groups of 8 rows; the rows past the last full group stay as they are);
+    unpacking any rows gives them back, and the kernel on the packed matrix equals the definition on the file's."""
+    K = _k(name)
+    for rows in (8, 21):
+        raw = torch.from_numpy(np.ascontiguousarray(_blocks(name, rows, K, seed=rows)))
+        packed = cpu_quant.repack(raw, Q[name], K)
+        assert packed.shape == raw.shape and not torch.equal(packed, raw)
+        assert torch.equal(torch.sort(packed.reshape(-1)).values, torch.sort(raw.reshape(-1)).values)
+        ids = torch.randperm(raw.shape[0], generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(cpu_quant.unpack_rows(packed, Q[name], K, ids), raw[ids])
+        x = _activations(5, K, seed=rows)
+        got = cpu_quant.linear(x, packed, Q[name], K, act="int8", packed=True)
+        want = cpu_quant.linear(x, raw, Q[name], K, act="int8", reference=True)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_prefill_sized_passes_use_the_same_kernel():
+    """No separate GEMM path: a row of a 300-row pass equals the same row alone (both arms share a prefill, but a
+    verify pass must equal a plain step, and one kernel for every M makes both true)."""
+    name, K = "Q4_K", 512
+    raw = torch.from_numpy(_blocks(name, 16, K, seed=5))
+    x = _activations(300, K, seed=6)
+    full = cpu_quant.linear_parts(x, ((cpu_quant.repack(raw, Q[name], K), Q[name]),), K, "int8")
+    for m in (0, 150, 299):
+        assert torch.equal(cpu_quant.linear(x[m:m + 1], raw, Q[name], K, act="int8")[0], full[m])
+
+
+def test_bad_operands_raise():
+    raw = torch.from_numpy(_blocks("Q4_0", 4, 64, seed=2))
+    x = torch.randn(2, 64)
+    with pytest.raises(SwiftkError, match="act="):
+        cpu_quant.linear(x, raw, Q.Q4_0, 64, act="int4")
+    with pytest.raises(SwiftkError, match="needs shape"):
+        cpu_quant.linear(x, raw[:, :-1].contiguous(), Q.Q4_0, 64, act="int8")
+    with pytest.raises(SwiftkError, match="x must be"):
+        cpu_quant.linear(torch.randn(2, 32), raw, Q.Q4_0, 64, act="int8")
+    with pytest.raises(SwiftkError, match="quantize needs"):
+        cpu_quant.quantize(torch.randn(2, 48), 32)
+
+
+# ---- the other ISA paths -------------------------------------------------------------------------------------------
+def _build(tmp_path, march):
+    from swiftk.ops.cpu_linear import FLAGS, source_path
+
+    cxx = shutil.which(os.environ.get("CXX") or "g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    so = tmp_path / f"cpu_qdot_{march}.so"
+    flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
+    r = subprocess.run([cxx, *flags, "-o", str(so), str(source_path("cpu_qdot.cpp"))], capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0 and "unknown" in r.stderr and march in r.stderr:
+        pytest.skip(f"this compiler does not know -march={march}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return so
+
+
+@pytest.mark.parametrize("march,isa", [("haswell", 1), ("x86-64", 0)])
+def test_other_isa_paths_agree_bit_for_bit(tmp_path, march, isa):
+    """AVX2 without VNNI (haswell) and portable C++ (x86-64) compute the same integers and the same float ops as this
+    host's build: identical bits, every format."""
+    lib = ctypes.CDLL(str(_build(tmp_path, march)))
+    assert lib.swk_qi_isa() == isa
+    fn = lib.swk_qi_linear_ld
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                   ctypes.c_void_p, ctypes.c_int64]
+    lib.swk_qi_repack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    for name in NAMES:
+        K = _k(name)
+        raw = torch.from_numpy(_blocks(name, 13, K, seed=K))
+        N = raw.shape[0]
+        packed = torch.empty_like(raw)
+        assert lib.swk_qi_repack(int(Q[name]), raw.data_ptr(), N, K, packed.data_ptr()) == 0
+        assert torch.equal(packed, cpu_quant.repack(raw, Q[name], K))
+        for M in (1, 2, 9):   # a decode step's path, and the tiles'
+            x = _activations(M, K, seed=K + M)
+            y = torch.empty(M, N)
+            assert fn(x.data_ptr(), M, K, packed.data_ptr(), int(Q[name]), N, y.data_ptr(), N) == 0
+            want = cpu_quant.linear(x, raw, Q[name], K, act="int8")
+            assert torch.equal(y.view(torch.int32), want.view(torch.int32)), f"{name} M={M} on -march={march}"
+
+
+@pytest.mark.parametrize("march", ["icelake-server", "alderlake"])
+def test_vnni_paths_build(tmp_path, march):
+    """The VNNI paths (AVX-512 VNNI with VL; AVX-VNNI) compile and take vpdpbusd. This machine may not run them;
+    they compute the same integers by construction (no intermediate can saturate), which the ISA test above checks
+    wherever such a CPU runs the suite."""
+    so = _build(tmp_path, march)
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump to look into the build")
+    text = subprocess.run([objdump, "-d", str(so)], capture_output=True, text=True, timeout=120).stdout
+    assert "vpdpbusd" in text
