@@ -372,8 +372,11 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
     if (T == Q4_1) S.mw[bi] = ldh(p + 16);
     const uint8_t* q = p + (T == Q4_1 ? 32 : 16);
     iv t[4];
+#pragma GCC unroll 16
     for (int c = 0; c < 4; c++) t[c] = ld(q + 32 * c);
+#pragma GCC unroll 16
     for (int c = 0; c < 4; c++) put(c, lo4(t[c]));
+#pragma GCC unroll 16
     for (int c = 0; c < 4; c++) put(4 + c, hi4(t[c]));
   } else if constexpr (T == Q5_0) {
     // elements 4v .. 4v + 3 take bits 4v .. 4v + 3 of qh: shifted down, then spread one bit per byte (to bit 4) by
@@ -381,13 +384,16 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
     S.dw[bi] = ldh(p);
     const iv H = ld(p + 16), spread = _mm256_set1_epi32((1 << 4) | (1 << 11) | (1 << 18) | (1 << 25));
     iv t[4];
+#pragma GCC unroll 16
     for (int c = 0; c < 4; c++) t[c] = ld(p + 48 + 32 * c);
+#pragma GCC unroll 16
     for (int v = 0; v < 8; v++) {
       const iv h = _mm256_and_si256(_mm256_srli_epi32(H, 4 * v), _mm256_set1_epi32(0xF));
       put(v, _mm256_or_si256(v < 4 ? lo4(t[v]) : hi4(t[v - 4]), _mm256_and_si256(_mm256_mullo_epi32(h, spread), set8(0x10))));
     }
   } else if constexpr (T == Q8_0) {
     S.dw[bi] = ldh(p);
+#pragma GCC unroll 16
     for (int v = 0; v < 8; v++) put(v, ld(p + 16 + 32 * v));
   } else if constexpr (T == Q4_K || T == Q5_K) {
     S.d = ldh(p);
@@ -398,16 +404,25 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
     const iv schi = _mm256_or_si256(_mm256_and_si256(t3, m4), _mm256_and_si256(_mm256_srli_epi16(t1, 2), m30));
     const iv mnhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t3, 4), m4),
                                     _mm256_and_si256(_mm256_srli_epi16(t2, 2), m30));
+#pragma GCC unroll 16
     for (int s = 0; s < 8; s++) {
-      S.sc16[s] = pick(s < 4 ? sclo : schi, s % 4, -1, s % 4, -1);
+#if SWI_VNNI
       S.sc32[s] = pick(s < 4 ? sclo : schi, s % 4, -1, -1, -1);
+#else
+      S.sc16[s] = pick(s < 4 ? sclo : schi, s % 4, -1, s % 4, -1);
+#endif
     }
+#pragma GCC unroll 16
     for (int j = 0; j < 4; j++) S.mn[j] = pick(j < 2 ? mnlo : mnhi, 2 * (j % 2), -1, 2 * (j % 2) + 1, -1);
     const uint8_t* qs = p + (T == Q4_K ? 128 : 384);
+#pragma GCC unroll 16
     for (int pr = 0; pr < 4; pr++) {   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
       iv q[8];
+#pragma GCC unroll 16
       for (int c = 0; c < 8; c++) q[c] = ld(qs + 256 * pr + 32 * c);
+#pragma GCC unroll 16
       for (int h = 0; h < 2; h++)
+  #pragma GCC unroll 16
         for (int c = 0; c < 8; c++) {
           iv w = h ? hi4(q[c]) : lo4(q[c]);
           if (T == Q5_K) w = _mm256_or_si256(w, bit4(ld(p + 128 + 32 * c), 2 * pr + h));   // the fifth bits
@@ -417,20 +432,43 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
   } else {  // Q6_K: d; 16 int8 scales as 4 dwords per row; ql; qh
     S.d = ldh(p);
     iv sc[4];
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++) sc[k] = ld(p + 16 + 32 * k);
+#pragma GCC unroll 16
     for (int j = 0; j < 16; j++) {
-      S.sc16[j] = _mm256_srai_epi16(pick(sc[j / 4], -1, j % 4, -1, j % 4), 8);
+#if SWI_VNNI
       S.sc32[j] = _mm256_srai_epi32(pick(sc[j / 4], -1, -1, -1, j % 4), 24);
+#else
+      S.sc16[j] = _mm256_srai_epi16(pick(sc[j / 4], -1, j % 4, -1, j % 4), 8);
+#endif
     }
+#pragma GCC unroll 16
     for (int j = 0; j < 8; j++) S.mn[j] = _mm256_srai_epi16(pick(sc[j / 2], -1, 2 * (j % 2), -1, 2 * (j % 2) + 1), 8);
-    const iv m3 = set8(3);
+    // per half h and 4 dwords c of each row: ql (low nibbles: quarters 0-1, high: 2-3) and the 2-bit highs of qh,
+    // emitted a scale (4 vectors) at a time
+    const iv m30 = set8(0x30);
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++)
-      for (int u = 0; u < 4; u++)   // quarter u of half h: elements 128 h + 32 u + l
-        for (int c = 0; c < 8; c++) {
-          const iv l = ld(p + 144 + 512 * h + 256 * (u & 1) + 32 * c), qh = ld(p + 1168 + 256 * h + 32 * c);
-          const iv hb = _mm256_slli_epi16(_mm256_and_si256(u ? _mm256_srli_epi16(qh, 2 * u) : qh, m3), 4);
-          put(32 * h + 8 * u + c, _mm256_or_si256(u >> 1 ? hi4(l) : lo4(l), hb));
+#pragma GCC unroll 2
+      for (int c0 = 0; c0 < 8; c0 += 4) {
+        iv a[4], b[4], qh[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+          a[c] = ld(p + 144 + 512 * h + 32 * (c0 + c));
+          b[c] = ld(p + 144 + 512 * h + 256 + 32 * (c0 + c));
+          qh[c] = ld(p + 1168 + 256 * h + 32 * (c0 + c));
         }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)   // quarter u of half h: elements 128 h + 32 u + l
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; c++) {
+            const iv l = u & 1 ? b[c] : a[c];
+            // bits 2u, 2u + 1 of each qh byte to bits 4, 5 (what a 16-bit shift carries across bytes is masked off)
+            const iv hs = u < 2 ? _mm256_slli_epi16(qh[c], 4 - 2 * u) : u == 3 ? _mm256_srli_epi16(qh[c], 2) : qh[c];
+            const iv hb = _mm256_and_si256(hs, m30);
+            put(32 * h + 8 * u + c0 + c, _mm256_or_si256(u >> 1 ? hi4(l) : lo4(l), hb));
+          }
+      }
   }
 }
 
@@ -439,7 +477,7 @@ inline void decode(const uint8_t* p, int nb, Span& S) {
   constexpr int GBT = 8 * Fmt<T>::TS;
   for (int bi = 0; bi < nb; bi++) {
     iv* w = S.w + 8 * bi * (Fmt<T>::BS == 32);
-    iv* ws = S.ws + 8 * bi * (Fmt<T>::BS == 32);
+    [[maybe_unused]] iv* ws = S.ws + 8 * bi * (Fmt<T>::BS == 32);
     unpack<T>(p + bi * GBT, bi, S, [&](int v, iv q) {
       if constexpr (T == Q8_0) {
 #if SWI_VNNI
@@ -616,7 +654,8 @@ inline void span_rows(const Span* S, int nb, const QX& X, int64_t b0, float* acc
 // multiplied as it is unpacked (no L1 buffer): what a decode step (M = 1) runs. Same integers and float ops as mpart.
 template <int T, int MT>
 inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0, Span& S, fv (&acc)[MT]) {
-  constexpr int GBT = 8 * Fmt<T>::TS, G = kG<T>, VS = kVS<T>;
+  constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
+  [[maybe_unused]] constexpr int G = kG<T>;
   const int64_t K = X.K;
   const iv zero = _mm256_setzero_si256();
   for (int bi = 0; bi < nb; bi++) {
