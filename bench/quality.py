@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     base = out / f"quality_{a.model}_{stamp}"
     write_atomic(base.with_suffix(".json"), json.dumps({"meta": meta, "results": rows}, indent=1))
     md = [f"# int8 vs float32 activations, {a.model} ({stamp})", "", f"`{meta['command']}`; {meta['arithmetic']}", "",
-          "| text | positions | top-1 agreement | KL(float32 ‖ int8) | perplexity float32 | perplexity int8 | change |",
+          "| text | positions | top-1 agreement | KL(float32 ‖ int8) | perplexity float32 | perplexity int8 "
+          "| change |",
           "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, r in rows.items():
         md.append(f"| {kind} | {r['positions']} | {100 * r['top1_agreement']:.2f}% | {r['kl_mean']:.2e} | "

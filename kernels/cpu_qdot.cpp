@@ -389,7 +389,8 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
 #pragma GCC unroll 16
     for (int v = 0; v < 8; v++) {
       const iv h = _mm256_and_si256(_mm256_srli_epi32(H, 4 * v), _mm256_set1_epi32(0xF));
-      put(v, _mm256_or_si256(v < 4 ? lo4(t[v]) : hi4(t[v - 4]), _mm256_and_si256(_mm256_mullo_epi32(h, spread), set8(0x10))));
+      const iv hb = _mm256_and_si256(_mm256_mullo_epi32(h, spread), set8(0x10));
+      put(v, _mm256_or_si256(v < 4 ? lo4(t[v]) : hi4(t[v - 4]), hb));
     }
   } else if constexpr (T == Q8_0) {
     S.dw[bi] = ldh(p);
@@ -498,8 +499,8 @@ inline void decode(const uint8_t* p, int nb, Span& S) {
 // Each broadcast of 4 activation bytes serves the NG groups' weight vectors and each weight vector the MT rows.
 // AVX2 sums G products in int16 before vpmaddwd; VNNI accumulates in int32 and scales with one multiply.
 template <int G, int NV, int MT, int NG, bool SCALED>
-inline void dot_u8(const iv* const (&w)[NG], const int8_t* const (&x)[MT], iv (&out)[NG][MT], const iv* const (&sc16)[NG],
-                   const iv* const (&sc32)[NG]) {
+inline void dot_u8(const iv* const (&w)[NG], const int8_t* const (&x)[MT], iv (&out)[NG][MT],
+                   const iv* const (&sc16)[NG], const iv* const (&sc32)[NG]) {
 #if SWI_VNNI
   (void)sc16;
   iv a[NG][MT];

@@ -81,7 +81,8 @@ class BlockWeight:
         if act == self.act:
             return self
         if self.packed:
-            parts = tuple((cpu_quant.unpack_rows(raw, t, self.K, torch.arange(raw.shape[0])), t) for raw, t in self.parts)
+            parts = tuple((cpu_quant.unpack_rows(raw, t, self.K, torch.arange(raw.shape[0])), t)
+                          for raw, t in self.parts)
         else:
             parts = tuple((cpu_quant.repack(raw, t, self.K), t) for raw, t in self.parts)
         return BlockWeight(parts, self.K, act)
