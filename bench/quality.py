@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     base = out / f"quality_{a.model}_{stamp}"
-    write_atomic(base.with_suffix(".json"), json.dumps({"meta": meta, "results": rows}, indent=1))
+    write_atomic(f"{base}.json", json.dumps({"meta": meta, "results": rows}, indent=1))
     md = [f"# int8 vs float32 activations, {a.model} ({stamp})", "", f"`{meta['command']}`; {meta['arithmetic']}", "",
           "| text | positions | top-1 agreement | KL(float32 ‖ int8) | perplexity float32 | perplexity int8 "
           "| change |",
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     for kind, r in rows.items():
         md.append(f"| {kind} | {r['positions']} | {100 * r['top1_agreement']:.2f}% | {r['kl_mean']:.2e} | "
                   f"{r['ppl_float32']:.3f} | {r['ppl_int8']:.3f} | {100 * r['ppl_change']:+.2f}% |")
-    write_atomic(base.with_suffix(".md"), "\n".join(md) + "\n")
+    write_atomic(f"{base}.md", "\n".join(md) + "\n")
     print(f"wrote {base}.json / .md")
     return 0
 

@@ -36,7 +36,8 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     weights = resolve_weights(weights, dev, dt)
     _check_activations(activations, weights)
     path = resolve_model(model)
-    ckpt = load_checkpoint(path, dtype=dt, native="auto" if weights == "auto" else weights == "native")
+    ckpt = load_checkpoint(path, dtype=dt, native="auto" if weights == "auto" else weights == "native",
+                           pack=activations in (None, "int8"))
     if weights == "auto":
         weights = "native" if ckpt.native else None
     if model in _registry_names():

@@ -32,10 +32,11 @@ class Checkpoint:
     native: bool = False  # matrices kept in GGUF blocks (load_checkpoint(native=...))
 
 
-def load_checkpoint(path, dtype: torch.dtype = torch.float32, native=False) -> Checkpoint:
+def load_checkpoint(path, dtype: torch.dtype = torch.float32, native=False, pack: bool = False) -> Checkpoint:
     """Load a ``.gguf`` file or a Hugging Face model directory. ``native``: a GGUF file's block-format matrices
-    stay in their blocks (weights.BlockWeight; float32 activations), everything else is converted to ``dtype``;
-    "auto": so when the file's layer matrices are block formats (``Checkpoint.native`` says what was done)."""
+    stay in their blocks (weights.BlockWeight), everything else is converted to ``dtype``; "auto": so when the
+    file's layer matrices are block formats (``Checkpoint.native`` says what was done). ``pack``: block matrices
+    are packed for the int8-activation kernel as they are read (in place: no second copy of the model)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise SwiftkError(f"model path not found: {p}")
@@ -44,14 +45,14 @@ def load_checkpoint(path, dtype: torch.dtype = torch.float32, native=False) -> C
             return _load_hf_dir(p, dtype)
         ggufs = sorted(p.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], dtype, native)
+            return _load_gguf(ggufs[0], dtype, native, pack)
         raise SwiftkError(f"{p} is not a Hugging Face model directory (no config.json) and holds no single .gguf file")
     regular_file(p, "model file")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise SwiftkError(f"{p} is not a GGUF file (magic {magic!r}) and not a Hugging Face directory")
-    return _load_gguf(p, dtype, native)
+    return _load_gguf(p, dtype, native, pack)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +142,16 @@ def _shared_buffers(cfg, by_name) -> dict:
     return out
 
 
+def _pack_in_place(w: BlockWeight) -> BlockWeight:
+    """``w``'s blocks packed for the int8 kernel (ops/cpu_quant.repack) into the buffer they were read into: the
+    extra memory is one tensor's, for a moment."""
+    from .ops import cpu_quant
+
+    for raw, t in w.parts:
+        raw.copy_(cpu_quant.repack(raw, t, w.K))
+    return BlockWeight(w.parts, w.K, "int8")
+
+
 def _unpermute_any(w, n_head: int):
     """_unpermute on a float tensor or, in place, on a block weight's rows (a row permutation: blocks move
     whole; in place keeps rows read into a shared buffer where they are)."""
@@ -185,7 +196,7 @@ def _check_tokenizer(tok: Tokenizer, cfg: ModelConfig, where: str) -> None:
 _MATRIX = re.compile(r"(_proj\.weight|embed_tokens\.weight|lm_head\.weight)$")
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoint:
+def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False, pack: bool = False) -> Checkpoint:
     gf = read_gguf(path)
     meta = gf.metadata
     by_name = {t.name: t for t in gf.tensors}
@@ -220,6 +231,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False) -> Checkpoi
                 _check_weights(g, w, f"GGUF {path.name}")
             if cfg.arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
                 w = _unpermute_any(w, cfg.n_heads if ".q_proj." in hf else cfg.n_kv_heads)
+            if pack and isinstance(w, BlockWeight):
+                w = _pack_in_place(w)
             tensors[hf] = w
     try:
         tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})

@@ -108,15 +108,15 @@ class BlockWeight:
 
     @staticmethod
     def cat(ws) -> "BlockWeight":
-        """Row-stack block weights of one K; adjacent groups of one format become one group (one kernel call):
-        a view when they lie back to back in one buffer (the loader reads them so), else a copy. Unpacked only
-        (pack the stacked matrix: packing works on whole groups of 8 rows)."""
-        if any(w.packed for w in ws):
-            raise SwiftkError("BlockWeight.cat stacks unpacked matrices (act='float32'); pack the result")
+        """Row-stack block weights of one K and one act; adjacent groups of one format become one group (one
+        kernel call): a view when they lie back to back in one buffer (the loader reads them so), else a copy.
+        Packed groups join only behind a group of whole 8-row groups (its rows past the last 8 are unpacked)."""
+        if len({w.act for w in ws}) != 1:
+            raise SwiftkError("BlockWeight.cat: the matrices' activations differ")
         parts: list = []
         for w in ws:
             for raw, t in w.parts:
-                if parts and parts[-1][1] == t:
+                if parts and parts[-1][1] == t and not (w.packed and parts[-1][0].shape[0] % 8):
                     prev = parts[-1][0]
                     if (prev.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
                             and prev.data_ptr() + prev.numel() == raw.data_ptr()):

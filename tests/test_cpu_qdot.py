@@ -22,16 +22,12 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason=f"CPU quant kernel: {cpu_quant.status()}")
 
 
-def _bs(name: str) -> int:
-    return 256 if gguf.GGML_QUANT_SIZES[Q[name]][0] == 256 else 32
-
-
 def _k(name: str) -> int:
-    return 768 if _bs(name) == 256 else 288
+    return 768 if gguf.GGML_QUANT_SIZES[Q[name]][0] == 256 else 288
 
 
-def np_quantize(x: np.ndarray, bs: int):
-    """The definition in numpy: per block d = amax / 127 and q = round_half_even(x * (127 / amax)), float32."""
+def np_quantize(x: np.ndarray, bs: int = 32):
+    """The definition in numpy: per block of 32 d = amax / 127 and q = round_half_even(x * (127 / amax)), float32."""
     M, K = x.shape
     xb = x.reshape(M, K // bs, bs).astype(np.float32)
     amax = np.abs(xb).max(-1, keepdims=True)
@@ -51,13 +47,12 @@ def _activations(M: int, K: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("bs", [32, 256])
-def test_quantizer_simd_equals_scalar_and_numpy(bs):
-    x = _activations(7, 1024, seed=bs)
-    q, d = cpu_quant.quantize(x, bs)
-    qs, ds = cpu_quant.quantize(x, bs, simd=False)
+def test_quantizer_simd_equals_scalar_and_numpy():
+    x = _activations(7, 1024, seed=3)
+    q, d = cpu_quant.quantize(x)
+    qs, ds = cpu_quant.quantize(x, simd=False)
     assert torch.equal(q, qs) and torch.equal(d.view(torch.int32), ds.view(torch.int32))
-    nq, nd = np_quantize(x.numpy(), bs)
+    nq, nd = np_quantize(x.numpy())
     assert np.array_equal(q.numpy(), nq) and np.array_equal(d.numpy().view(np.uint32), nd.view(np.uint32))
     assert int(q.abs().max()) == 127 and int(q[0, :16].abs().max()) == 0
 
@@ -66,7 +61,7 @@ def test_quantizer_marks_non_finite_blocks():
     x = torch.randn(2, 64)
     x[0, 3], x[1, 40] = float("inf"), float("nan")
     for simd in (True, False):
-        q, d = cpu_quant.quantize(x, 32, simd=simd)
+        q, d = cpu_quant.quantize(x, simd=simd)
         assert torch.isnan(d[0, 0]) and torch.isnan(d[1, 1]) and torch.isfinite(d[0, 1]) and torch.isfinite(d[1, 0])
         assert int(q[0, :32].abs().max()) == 0
 
@@ -75,11 +70,10 @@ def _reference(x: torch.Tensor, raw: np.ndarray, name: str):
     """(y, tolerance) in float64: the dequantized weights times the dequantized activations; the tolerance covers
     the kernel's float32 epilogue (a few roundings per block)."""
     K = x.shape[1]
-    bs = _bs(name)
-    q, d = np_quantize(x.numpy(), bs)
-    xd = q.astype(np.float64) * np.repeat(d.astype(np.float64), bs, axis=1)
+    q, d = np_quantize(x.numpy())
+    xd = q.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
     W = gq.dequantize(raw, Q[name]).astype(np.float64)
-    tol = (K / bs + 8) * 2.0 ** -22 * (np.abs(xd) @ np.abs(W).T) + 1e-30
+    tol = (K / 32 * 2 + 8) * 2.0 ** -22 * (np.abs(xd) @ np.abs(W).T) + 1e-30
     return xd @ W.T, tol
 
 
@@ -165,7 +159,7 @@ def test_bad_operands_raise():
     with pytest.raises(SwiftkError, match="x must be"):
         cpu_quant.linear(torch.randn(2, 32), raw, Q.Q4_0, 64, act="int8")
     with pytest.raises(SwiftkError, match="quantize needs"):
-        cpu_quant.quantize(torch.randn(2, 48), 32)
+        cpu_quant.quantize(torch.randn(2, 48))
 
 
 # ---- the other ISA paths -------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 ``linear(x, w_raw, type, K, act)`` computes ``x @ W.T`` where ``W`` is ``w_raw``'s rows of ggml blocks (a GGUF
 tensor's bytes, one row of blocks per output row). ``act="float32"`` (``kernels/cpu_quant.cpp``): blocks
 dequantized in registers, float32 activations, the exact de-quantized model. ``act="int8"``
-(``kernels/cpu_qdot.cpp``): each activation row quantized to int8 per block (32 elements for the 32-element
-formats, 256 for the K formats; float32 scale), integer dot products, as llama.cpp computes. Both are batch
+(``kernels/cpu_qdot.cpp``): each activation row quantized to int8 in blocks of 32 elements (float32 scale),
+integer dot products, as llama.cpp computes. Both are batch
 invariant. ``dequant(type, raw, n)`` is the plain dequantization, equal bit for bit to ``gguf.quants.dequantize``.
 Types: ggml ids in :data:`TYPES`.
 
@@ -50,7 +50,7 @@ def _load() -> None:
     lib.swk_q_linear.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p]
     lib.swk_q_linear_ld.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p, i64]
     lib.swk_qi_linear_ld.argtypes = lib.swk_qi_linear_ref.argtypes = lib.swk_q_linear_ld.argtypes
-    lib.swk_qi_quantize.argtypes = [p, i64, i64, ctypes.c_int, ctypes.c_int, p, p]
+    lib.swk_qi_quantize.argtypes = [p, i64, i64, ctypes.c_int, p, p]
     lib.swk_qi_repack.argtypes = [ctypes.c_int, p, i64, i64, p]
     lib.swk_qi_unpack_rows.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     for name in _SYMBOLS:
@@ -205,18 +205,18 @@ def unpack_rows(packed: torch.Tensor, qtype, K: int, ids: torch.Tensor) -> torch
     return out
 
 
-def quantize(x: torch.Tensor, block: int, simd: bool = True) -> tuple:
-    """(q [M, K] int8, d [M, K / block] float32): the int8 path's activation quantizer on x [M, K] float32, blocks
-    of ``block`` (32 or 256); ``simd=False`` runs its scalar definition (tests hold the two equal)."""
+def quantize(x: torch.Tensor, simd: bool = True) -> tuple:
+    """(q [M, K] int8, d [M, K / 32] float32): the int8 path's activation quantizer on x [M, K] float32 (blocks of
+    32); ``simd=False`` runs its scalar definition (tests hold the two equal)."""
     _need()
-    if (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.float32 or block not in (32, 256)
-            or x.shape[1] % block or x.shape[0] < 1):
-        raise SwiftkError("cpu quant: quantize needs float32 [M, K] with K a multiple of block 32 or 256")
+    if (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] % 32
+            or x.shape[0] < 1):
+        raise SwiftkError("cpu quant: quantize needs float32 [M, K] with K a multiple of 32")
     xc = x.contiguous()
     q = torch.empty(x.shape, dtype=torch.int8)
-    d = torch.empty(x.shape[0], x.shape[1] // block, dtype=torch.float32)
-    _check(_lib.swk_qi_quantize(xc.data_ptr(), x.shape[0], x.shape[1], block, int(simd), q.data_ptr(),
-                                d.data_ptr()), "quantize")
+    d = torch.empty(x.shape[0], x.shape[1] // 32, dtype=torch.float32)
+    _check(_lib.swk_qi_quantize(xc.data_ptr(), x.shape[0], x.shape[1], int(simd), q.data_ptr(), d.data_ptr()),
+           "quantize")
     return q, d
 
 
