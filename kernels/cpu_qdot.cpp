@@ -220,7 +220,7 @@ float ref_block(const uint8_t* blk, const QX& X, int64_t m, int64_t b, float acc
           u += q * x[32 * s + l];
         }
         acc = fmaf((float)(sc[s] * u), d * X.d[i0 + s], acc);
-        acc = fmaf(-(float)mn[s], dmin * X.ds[i0 + s], acc);
+        acc = fmaf(-(dmin * (float)mn[s]), X.ds[i0 + s], acc);   // dmin * mn is exact (11 x 6 bits)
       }
       return acc;
     }
@@ -354,7 +354,7 @@ struct alignas(32) Span {
   iv sc16[16];       // per sub-block: each row's scale in both int16 halves of its lane
   iv sc32[16];       // the same as int32 (VNNI)
   iv mn[8];          // Q6_K: per 32 elements its two scales as an int16 pair
-  fv mnf[8];         // Q4_K/Q5_K: per sub-block each row's min, as a float
+  fv mnf[8];         // Q4_K/Q5_K: per sub-block each row's dmin * min (exact in float32)
 };
 
 // Block (32-element formats) or superblock (K formats) bi of a span from its packed bytes p: scales into S, then
@@ -408,7 +408,8 @@ inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
 #endif
     }
 #pragma GCC unroll 16
-    for (int j = 0; j < 8; j++) S.mnf[j] = _mm256_cvtepi32_ps(pick(j < 4 ? mnlo : mnhi, j % 4, -1, -1, -1));
+    for (int j = 0; j < 8; j++)
+      S.mnf[j] = _mm256_mul_ps(S.dm, _mm256_cvtepi32_ps(pick(j < 4 ? mnlo : mnhi, j % 4, -1, -1, -1)));
     const uint8_t* qs = p + (T == Q4_K ? 128 : 384);
 #pragma GCC unroll 16
     for (int pr = 0; pr < 4; pr++) {   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
@@ -542,7 +543,7 @@ inline fv epilogue(const Span& S, int j, const QX& X, int64_t m, int64_t a, iv i
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(S.d, xd), acc);
   } else {   // Q4_K, Q5_K: the min times the activation sum
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(S.d, xd), acc);
-    acc = _mm256_fnmadd_ps(S.mnf[j], _mm256_mul_ps(S.dm, _mm256_set1_ps(X.ds[i])), acc);
+    acc = _mm256_fnmadd_ps(S.mnf[j], _mm256_set1_ps(X.ds[i]), acc);
   }
   return acc;
 }
@@ -609,7 +610,10 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
 // v(6), v(8) alike)
 constexpr int DIRECT_MAX_ROWS = 4;
 // activation rows per tile, by groups per tile: what the 16 AVX2 vector registers hold
-template <int NG> constexpr int kMT = NG == 2 ? 3 : 4;
+#ifndef SWI_MT2
+#define SWI_MT2 4
+#endif
+template <int NG> constexpr int kMT = NG == 2 ? SWI_MT2 : 4;
 
 template <int T, int NG>
 inline void span_rows(const Span* S, int nb, const QX& X, int64_t b0, float* acc) {

@@ -37,7 +37,9 @@ extern "C" {
 #define SWK_W_INT8 2     /* int8, row n times a float32 scale[n]: W ~= q * scale[:, None] (symmetric per row) */
 #define SWK_W_BLOCKS 3   /* swk_layers only: GGUF block formats, the address an int64 descriptor (see swk_layers) */
 /* In a block descriptor, a ggml type with this bit set runs with int8 activations (kernels/cpu_qdot.cpp: each
- * activation row quantized per block, integer dot products) instead of float32 ones (kernels/cpu_quant.cpp). */
+ * activation row quantized per 32 elements, integer dot products) instead of float32 ones (kernels/cpu_quant.cpp),
+ * on rows packed by swk_qi_repack (kernels/cpu_qdot.cpp: int swk_qi_repack(int type, const void* src, int64_t N,
+ * int64_t K, void* dst), the same bytes permuted: rows in groups of 8 with each block's fields side by side). */
 #define SWK_Q_INT8_ACT 256
 
 /* Skinny matmul for decoding (M of a few rows up to ~32; any M works):
