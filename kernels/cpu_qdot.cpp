@@ -606,9 +606,10 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
     for (int m = 0; m < MT; m++) _mm256_storeu_ps(acc + 8 * (g * M + m0 + m), a[g][m]);
 }
 
-// passes of at most this many rows take direct(), 4 rows per unpacking (measured: v(3), v(4) lower than the tiles',
-// v(6), v(8) alike)
-constexpr int DIRECT_MAX_ROWS = 4;
+// passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles. Measured on the
+// registry models' matrices (2 threads, AVX2): direct ahead at 8 rows and (32-element formats) up to 32, the tiles
+// ahead for the K formats from 8 rows on and for every format at 128.
+template <int T> constexpr int kDirectMax = Fmt<T>::BS == 32 ? 16 : 4;
 // activation rows per tile, by groups per tile: what the 16 AVX2 vector registers hold
 #ifndef SWI_MT2
 #define SWI_MT2 4
@@ -709,22 +710,23 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
   }
   const uint8_t* tailp = tail.data();
   auto group = [&](int64_t g) { return g < full ? w + 8 * g * rb : tailp; };
-  if (M <= DIRECT_MAX_ROWS) {   // a decode step: each group's blocks straight from memory into the products
+  if (M <= kDirectMax<T>) {   // a decode step: each group's blocks straight from memory into the products
 #pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
     for (int64_t g = 0; g < ng; g++) {
       Span S;
-      alignas(32) float out[DIRECT_MAX_ROWS * 8];
+      alignas(32) float out[4 * 8];
       if (g + 2 < full) for (int64_t o = 0; o < nblk * GBT; o += 64) __builtin_prefetch(group(g + 2) + o, 0, 2);
       for (int64_t m0 = 0; m0 < M; m0 += 4) {   // rows 4 at a time: the group's blocks are in L1 after the first
-        switch (M - m0 < 4 ? M - m0 : 4) {
-          case 1: direct_rows<T, 1>(group(g), nblk, X, m0, S, out + 8 * m0); break;
-          case 2: direct_rows<T, 2>(group(g), nblk, X, m0, S, out + 8 * m0); break;
-          case 3: direct_rows<T, 3>(group(g), nblk, X, m0, S, out + 8 * m0); break;
-          default: direct_rows<T, 4>(group(g), nblk, X, m0, S, out + 8 * m0); break;
+        const int mt = (int)(M - m0 < 4 ? M - m0 : 4);
+        switch (mt) {
+          case 1: direct_rows<T, 1>(group(g), nblk, X, m0, S, out); break;
+          case 2: direct_rows<T, 2>(group(g), nblk, X, m0, S, out); break;
+          case 3: direct_rows<T, 3>(group(g), nblk, X, m0, S, out); break;
+          default: direct_rows<T, 4>(group(g), nblk, X, m0, S, out); break;
         }
+        for (int m = 0; m < mt; m++)
+          for (int r = 0; r < 8 && 8 * g + r < N; r++) y[(m0 + m) * ldy + 8 * g + r] = out[8 * m + r];
       }
-      for (int64_t m = 0; m < M; m++)
-        for (int r = 0; r < 8 && 8 * g + r < N; r++) y[m * ldy + 8 * g + r] = out[8 * m + r];
     }
     return;
   }
