@@ -155,6 +155,7 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None
 
     # cold: no state from earlier runs; trace: the per-round lists the tables and plots read
     eng = swiftk.load(model, device=device, dtype=dtype, persist=False, trace=True, weights=weights)
+    eng.corpus(wait=True)   # every arm drafts from the same sources; no build runs beside a timing
     hf, why = None, None
     if need_hf:
         from bench.hf_baselines import load_hf

@@ -252,6 +252,7 @@ def main(argv=None) -> int:
     from bench.e2e import build_prompts, machine_info
 
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
+    eng.corpus(wait=True)
     from bench.workloads import data_dir
 
     prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens, a.skip,

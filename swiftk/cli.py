@@ -231,8 +231,29 @@ def _pull(a) -> int:
     from .registry import pull
 
     path = pull(a.name, progress=True, force=a.force, verify=a.verify)
+    _build_corpus(path)
     print(path)
     return 0
+
+
+def _build_corpus(path) -> None:
+    """The corpus n-gram tables for this model's tokenizer, built now (they are built in the background otherwise,
+    and a short first call would not profit from them)."""
+    import time
+
+    from .datastore import cached_stdlib_datastore, corpus_fingerprint, stdlib_datastore
+    from .gguf_file import read_gguf
+    from .tokenizer import Tokenizer
+
+    meta = read_gguf(path).metadata
+    tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
+    fp = corpus_fingerprint(tok, {})
+    if cached_stdlib_datastore(fp) is None:
+        print("swiftk: building the corpus n-gram tables (Python stdlib) for this tokenizer ...", file=sys.stderr,
+              flush=True)
+        t = time.perf_counter()
+        stdlib_datastore(tok, fp)
+        print(f"swiftk: corpus tables built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
 
 def _serve(a) -> int:

@@ -170,15 +170,36 @@ def stdlib_ids(tokenizer, max_tokens: int) -> list:
 _lock = threading.Lock()
 
 
-def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
-    """The stdlib tables for this tokenizer, from $SWIFTK_HOME/datastore when built before (build: ~10-30 s once)."""
+def _table_path(fingerprint: str, max_tokens: int) -> Path:
     from .registry import swiftk_home
 
-    if not fingerprint:   # no identity to key a cached file on: build in memory
-        return Datastore.build(stdlib_ids(tokenizer, max_tokens))
     tag = hashlib.sha256(f"{fingerprint}|{sys.version_info[:2]}|{sysconfig.get_paths()['stdlib']}|{max_tokens}|"
                          f"{FORMAT}|{MAX_N}|{MIN_COUNT}".encode()).hexdigest()[:16]
-    path = Path(swiftk_home()) / "datastore" / f"stdlib-{tag}.npz"
+    return Path(swiftk_home()) / "datastore" / f"stdlib-{tag}.npz"
+
+
+def cached_stdlib_datastore(fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Optional[Datastore]:
+    """The stdlib tables of this tokenizer when $SWIFTK_HOME/datastore holds them (~0.1 s), else None."""
+    if not fingerprint:
+        return None
+    path = _table_path(fingerprint, max_tokens)
+    with _lock:
+        if path.is_file():
+            try:
+                ds = Datastore.load(path)
+                os.utime(path)   # most recently used: evicted last
+                return ds
+            except Exception:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, another version's): rebuild
+                pass
+    return None
+
+
+def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
+    """The stdlib tables for this tokenizer, from $SWIFTK_HOME/datastore when built before (build: a few seconds
+    to ~30 s once, by the tokenizer's speed)."""
+    if not fingerprint:   # no identity to key a cached file on: build in memory
+        return Datastore.build(stdlib_ids(tokenizer, max_tokens))
+    path = _table_path(fingerprint, max_tokens)
     with _lock:   # threads of one process build it once
         if path.is_file():
             try:
@@ -207,19 +228,24 @@ def _evict(folder: Path, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
-__all__ = ["Datastore", "stdlib_datastore", "bucket", "N_BUCKETS"]
+__all__ = ["Datastore", "stdlib_datastore", "cached_stdlib_datastore", "bucket", "N_BUCKETS"]
 
 
-def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> Datastore:
-    """The stdlib tables for an engine's tokenizer; an empty table (proposes nothing, built once) with a warning
-    when the tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer)."""
+def corpus_fingerprint(tokenizer, identity: dict) -> str:
+    """What the tables are keyed by: the tokenizer (shared by model files with one tokenizer; a duck-typed one: the
+    model file)."""
+    return tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else str(identity.get("fingerprint") or "")
+
+
+def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
+    """(tables, None) for an engine's tokenizer; (empty tables that propose nothing, the warning to give) when the
+    tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer). The caller warns:
+    this may run on a background thread, where a warning would reach nobody's filters."""
     try:
-        # keyed by the tokenizer: shared by model files with one tokenizer (a duck-typed one: by the model file)
-        fp = tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else str(identity.get("fingerprint") or "")
-        ds = stdlib_datastore(tokenizer, fp)
+        ds = stdlib_datastore(tokenizer, corpus_fingerprint(tokenizer, identity))
         if ds.max_token() >= vocab_size:
             raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
-        return ds
+        return ds, None
     except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
-        warn(f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); decoding without them")
-        return Datastore.build([])
+        return Datastore.build([]), (f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                                     "decoding without them")

@@ -37,6 +37,24 @@ _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
 
 
+class _Background(threading.Thread):
+    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``; with
+    ``done`` given, nothing runs and that is the result."""
+
+    def __init__(self, make: Callable, done=None):
+        super().__init__(daemon=True, name="swiftk-corpus")
+        self._make, self.result = make, done
+        if done is None:
+            self.start()
+
+    def run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        self.result = self._make()
+
+
 def split_options(kw: dict) -> tuple:
     """(decode options, optimizer options); unknown names raise."""
     unknown = set(kw) - _DECODE_OPTS - _OPT_OPTS
@@ -102,6 +120,9 @@ class Engine:
         self._states: dict = {}      # the other methods' learned states (fixed drafts learn their own)
         self._resources: dict = {}   # built once per engine: draft head, corpus tables, trained drafter
         self.drafter_file = drafter  # a trained MoA drafter (method="moa")
+        self._corpus_job = None      # the corpus tables' build (corpus()), started below when drafts use them
+        if self.decode_config.datastore:
+            self._start_corpus()
         if drafter is not None:
             methods.get("moa").prepare(self, self.decode_config)
         if self.persist:
@@ -331,13 +352,44 @@ class Engine:
         with self._lock:
             self._resources[name] = value
 
-    def corpus(self):
+    def corpus(self, wait: bool = False):
         """The corpus n-gram tables the "datastore" source drafts from (swiftk/datastore.py): unless
-        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore`` or built
-        there once (~10 s)."""
-        from .datastore import engine_corpus
+        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
+        built yet are built in the background (started at load, at low priority); until they are ready this returns
+        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
+        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
+        got = self.resource("corpus")
+        if got is not None:
+            return got
+        job = self._corpus_job
+        if job is None:
+            job = self._start_corpus()
+        if wait:
+            job.join()
+        if job.is_alive():
+            from .datastore import Datastore
 
-        return self.resource("corpus", lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+            return Datastore.build([])
+        ds, problem = job.result
+
+        def ready():
+            if problem:
+                warn(problem)   # once, in the caller's thread
+            return ds
+
+        return self.resource("corpus", ready)
+
+    def _start_corpus(self):
+        """Load the cached tables now (~0.1 s), or start a daemon thread building them at the lowest priority."""
+        from .datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
+
+        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
+        if ds is not None and ds.max_token() < self.config.vocab_size:
+            self.set_resource("corpus", ds)
+        job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size),
+                          done=(ds, None) if ds is not None and "corpus" in self._resources else None)
+        self._corpus_job = job
+        return job
 
     def use_corpus(self, datastore) -> None:
         """Draft corpus n-grams from ``datastore`` (``swiftk.datastore.Datastore.build(token_ids)``)."""

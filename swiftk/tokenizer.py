@@ -270,6 +270,12 @@ class Tokenizer:
             ids = [self.bos_id] + ids
         return ids
 
+    def encode_batch(self, texts: list) -> list:
+        """Token ids of each text (no BOS), the backend encoding them on all cores."""
+        for t in texts:
+            _check_text(t, "text to encode")
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 

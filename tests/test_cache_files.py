@@ -81,7 +81,8 @@ def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatc
         def fingerprint(self):
             return self.fp
 
-    a = dsm.engine_corpus(Tok("t1"), {"fingerprint": "model-file-1"}, 100)
+    a, problem = dsm.engine_corpus(Tok("t1"), {"fingerprint": "model-file-1"}, 100)
+    assert problem is None
     dsm.engine_corpus(Tok("t1"), {"fingerprint": "model-file-2"}, 100)   # another file, same tokenizer
     folder = tmp_path / "datastore"
     assert len(list(folder.glob("*.npz"))) == 1

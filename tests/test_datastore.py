@@ -129,14 +129,40 @@ def test_corpus_estimates_learn_and_outlive_the_prompt(eng):
     assert eng.state.source_estimates("datastore", CorpusNgrams.new_estimates) is est and est.prob(3) == low
 
 
-def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(eng, monkeypatch):
-    """A custom tokenizer that fails on the corpus, or maps it past the model's vocabulary: a warning, no corpus
-    drafts, output unchanged (the datastore is an optional source, never a reason for generate to fail)."""
+def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(tiny_dir, monkeypatch):
+    """A custom tokenizer that fails on the corpus, or maps it past the model's vocabulary: a warning from the
+    background build, no corpus drafts, output unchanged (the datastore is an optional source, never a reason for
+    generate to fail)."""
     import swiftk.datastore as dsm
 
-    ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
+    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp: None)
     monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
+    eng = swiftk.load(str(tiny_dir), persist=False)
+    ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
     with pytest.warns(UserWarning, match="corpus n-grams unavailable"):
-        out = eng.generate("w3 w9 w1", max_new_tokens=12, method="ngram", speculate="always")
+        eng.corpus(wait=True)
+    out = eng.generate("w3 w9 w1", max_new_tokens=12, method="ngram", speculate="always")
     assert out.token_ids == ref and out.stats.accepted_by_source["datastore"] == 0
     assert eng.corpus().max_token() == -1   # kept empty: not rebuilt at every call
+
+
+def test_no_call_waits_for_the_corpus_tables(tiny_dir, monkeypatch):
+    """Tables not built yet are built in the background from load on: a generate call meanwhile drafts without
+    them and does not wait; once built they are used."""
+    import threading
+
+    import swiftk.datastore as dsm
+
+    release = threading.Event()
+
+    def slow(tok, fp):
+        release.wait(30)
+        return Datastore.build([3, 4, 5] * 4)
+
+    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp: None)
+    monkeypatch.setattr(dsm, "stdlib_datastore", slow)
+    eng = swiftk.load(str(tiny_dir), persist=False)
+    out = eng.generate("w3 w9 w1", max_new_tokens=4, method="ngram", speculate="always")   # returns: no wait
+    assert out.stats.accepted_by_source["datastore"] == 0 and eng.corpus().max_token() == -1
+    release.set()
+    assert eng.corpus(wait=True).max_token() == 5

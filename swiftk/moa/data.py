@@ -34,14 +34,25 @@ def stdlib_files() -> list:
     return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(skip))
 
 
-def stdlib_docs(tokenizer):
-    """Token ids of each readable stdlib module, in path order (the corpus of the drafter and of datastore.py)."""
+def stdlib_docs(tokenizer, batch: int = 64):
+    """Token ids of each readable stdlib module, in path order (the corpus of the drafter and of datastore.py);
+    ``batch`` modules at a time through the tokenizer's batch encoding when it has one."""
+    texts = []
     for p in stdlib_files():
         try:
-            text = p.read_text(encoding="utf-8")
+            texts.append(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             continue
-        yield tokenizer.encode(text, add_bos=False)
+        if len(texts) == batch:
+            yield from _encode_all(tokenizer, texts)
+            texts = []
+    yield from _encode_all(tokenizer, texts)
+
+
+def _encode_all(tokenizer, texts: list):
+    if hasattr(tokenizer, "encode_batch"):
+        return tokenizer.encode_batch(texts)
+    return [tokenizer.encode(t, add_bos=False) for t in texts]
 
 
 def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progress: bool = True) -> list:
