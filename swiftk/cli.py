@@ -6,7 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-from . import methods
 from .errors import SwiftkError
 from .files import check_output_path
 from .registry import DEFAULT_MODEL, MODELS
@@ -25,6 +24,16 @@ def _common(p):
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # also while torch imports (~4 s), before a command runs
+        print("swiftk: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv) -> int:
+    from . import methods   # imports torch
+
     ap = argparse.ArgumentParser(prog="swiftk", description="Lossless self-speculative decoding (SWIFT)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -112,8 +121,22 @@ def main(argv=None) -> int:
         print("swiftk: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:   # `swiftk generate ... | head`: the reader left, nothing to report
-        sys.stderr.close()
+        _drop_stdout()
         return 141
+    except OSError as e:   # the output cannot be written (a full disk, /dev/full) or another OS-level failure
+        _drop_stdout()
+        print(f"swiftk: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: the exit's flush of what is still buffered would fail again, with a traceback."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _parse_kv(items) -> dict:
@@ -245,8 +268,12 @@ def _build_corpus(path) -> None:
     from .gguf_file import read_gguf
     from .tokenizer import Tokenizer
 
-    meta = read_gguf(path).metadata
-    tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
+    try:
+        meta = read_gguf(path).metadata
+        tok = Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})
+    except SwiftkError as e:   # the download itself is done and verified; loading it will say what is wrong
+        print(f"swiftk: corpus tables not built: {e}", file=sys.stderr)
+        return
     fp = corpus_fingerprint(tok, {})
     if cached_stdlib_datastore(fp) is None:
         print("swiftk: building the corpus n-gram tables (Python stdlib) for this tokenizer ...", file=sys.stderr,

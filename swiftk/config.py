@@ -246,6 +246,13 @@ def _range_text(m) -> str:
     return kind
 
 
+def _bins_tuple(v):
+    """Bins given as lists, as tuples (hashable, comparable); anything else unchanged, for _validate to name."""
+    if isinstance(v, (list, tuple)) and all(isinstance(b, (list, tuple)) for b in v):
+        return tuple(tuple(b) for b in v)
+    return v
+
+
 def _valid_bins(bins) -> bool:
     try:
         return bool(bins) and all(0.0 <= float(t) <= 1.0 and isinstance(k, int) and k >= 1 for t, k in bins)
@@ -327,8 +334,7 @@ def updated(base, kw: dict):
     """``base`` with the fields in ``kw`` replaced, validated (bins given as lists become tuples)."""
     from dataclasses import replace
 
-    kw = {k: (tuple(tuple(b) for b in v) if k.startswith("topk_") and isinstance(v, (list, tuple)) else v)
-          for k, v in kw.items()}
+    kw = {k: (_bins_tuple(v) if k.startswith("topk_") else v) for k, v in kw.items()}
     try:
         return replace(base, **kw).validate()
     except TypeError as e:

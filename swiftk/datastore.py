@@ -21,12 +21,14 @@ import os
 import sys
 import sysconfig
 import threading
+import zipfile
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from .errors import SwiftkError, warn
+from .files import regular_file
 
 MAX_N = 3
 MIN_COUNT = 2
@@ -142,14 +144,21 @@ class Datastore:
 
     @classmethod
     def load(cls, path: Path) -> "Datastore":
-        with np.load(path, allow_pickle=False) as z:
-            if [int(x) for x in z["format"]] != [FORMAT, MAX_N, BITS]:
-                raise SwiftkError(f"datastore {path}: unknown format")
-            tables = {n: tuple(np.asarray(z[f"{name}{n}"], dtype=np.int64) for name in ("keys", "tok", "cnt", "tot"))
-                      for n in range(1, MAX_N + 1)}
-        for keys, tok, cnt, tot in tables.values():
-            if not (len(keys) == len(tok) == len(cnt) == len(tot)) or (len(keys) > 1 and np.any(keys[1:] <= keys[:-1])):
-                raise SwiftkError(f"datastore {path}: corrupt tables")
+        try:
+            with np.load(regular_file(path, "corpus table"), allow_pickle=False) as z:
+                if [int(x) for x in z["format"]] != [FORMAT, MAX_N, BITS]:
+                    raise SwiftkError(f"datastore {path}: unknown format")
+                tables = {n: tuple(np.asarray(z[f"{name}{n}"], dtype=np.int64) for name in ("keys", "tok", "cnt", "tot"))
+                          for n in range(1, MAX_N + 1)}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise SwiftkError(f"datastore {path}: not a corpus table swiftk wrote ({type(e).__name__}: {e})") from None
+        for n, (keys, tok, cnt, tot) in tables.items():
+            # what lookup() divides by and searches in: counts 1 <= cnt <= tot, sorted keys of n ids, ids in range
+            ok = len(keys) == len(tok) == len(cnt) == len(tot) and (not len(keys) or (
+                np.all(keys[1:] > keys[:-1]) and keys[0] >= 0 and keys[-1] < 1 << (BITS * n)
+                and tok.min() >= 0 and tok.max() < 1 << BITS and cnt.min() >= 1 and np.all(cnt <= tot)))
+            if not ok:
+                raise SwiftkError(f"datastore {path}: corrupt tables (n={n})")
         return cls(tables)
 
 
@@ -182,16 +191,20 @@ def cached_stdlib_datastore(fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKE
     """The stdlib tables of this tokenizer when $SWIFTK_HOME/datastore holds them (~0.1 s), else None."""
     if not fingerprint:
         return None
-    path = _table_path(fingerprint, max_tokens)
     with _lock:
-        if path.is_file():
-            try:
-                ds = Datastore.load(path)
-                os.utime(path)   # most recently used: evicted last
-                return ds
-            except Exception:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, another version's): rebuild
-                pass
-    return None
+        return _load_cached(_table_path(fingerprint, max_tokens))
+
+
+def _load_cached(path: Path) -> Optional[Datastore]:
+    if not os.path.lexists(path):
+        return None
+    try:
+        ds = Datastore.load(path)
+        os.utime(path)   # most recently used: evicted last
+        return ds
+    except Exception as e:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, not a file): rebuild
+        warn(f"swiftk: ignoring the corpus table {path} ({type(e).__name__}: {str(e)[:200]}); it is rebuilt")
+        return None
 
 
 def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
@@ -201,13 +214,9 @@ def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_
         return Datastore.build(stdlib_ids(tokenizer, max_tokens))
     path = _table_path(fingerprint, max_tokens)
     with _lock:   # threads of one process build it once
-        if path.is_file():
-            try:
-                ds = Datastore.load(path)
-                os.utime(path)   # most recently used: evicted last
-                return ds
-            except Exception:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, another version's): rebuild
-                pass
+        ds = _load_cached(path)
+        if ds is not None:
+            return ds
         ds = Datastore.build(stdlib_ids(tokenizer, max_tokens))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from .errors import SwiftkError
 
 MAX_JSON_BYTES = 64 << 20   # config and tokenizer side files are kilobytes; a tokenizer.json tens of MB
+MAX_TEXT_BYTES = 1 << 30    # prompts files and training text: read whole, so bounded by what memory holds
 
 
 def regular_file(path, what: str = "file") -> Path:
@@ -25,6 +26,35 @@ def regular_file(path, what: str = "file") -> Path:
     return p
 
 
+def read_bytes(path, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` (else a SwiftkError naming it). Every file
+    swiftk reads whole goes through here: a FIFO would block, /dev/zero or a growing file would fill memory."""
+    p = regular_file(path, what)
+    try:
+        size = p.stat().st_size
+        if size <= max_bytes:
+            with open(p, "rb") as f:
+                data = f.read(max_bytes + 1)   # bounded even when st_size lies (procfs, a file growing)
+    except OSError as e:
+        raise SwiftkError(f"cannot read {what} {p}: {e.strerror}") from None
+    if size > max_bytes or len(data) > max_bytes:
+        raise SwiftkError(f"{what} {p} is over {_size(max_bytes)}; that is not a {what}")
+    return data
+
+
+def read_text(path, what: str = "file", max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (else a SwiftkError naming the file and byte)."""
+    data = read_bytes(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SwiftkError(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _size(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 def _no_constant(name):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -32,16 +62,10 @@ def _no_constant(name):
 def read_json(path, what: str = "JSON file", expect: type = dict, max_bytes: int = MAX_JSON_BYTES):
     """The JSON value in ``path`` (of type ``expect``); NaN/Infinity, bad UTF-8, deep nesting, a huge file or the
     wrong top-level type give a SwiftkError naming the file."""
-    p = regular_file(path, what)
-    if p.stat().st_size > max_bytes:
-        raise SwiftkError(f"{what} {p} is {p.stat().st_size >> 20} MiB; more than {max_bytes >> 20} MiB is not a "
-                          f"{what}")
-    text = None
+    p = Path(path)
+    text = read_text(p, what, max_bytes)
     try:
-        text = p.read_bytes().decode("utf-8")
         value = json.loads(text, parse_constant=_no_constant)
-    except UnicodeDecodeError as e:
-        raise SwiftkError(f"{what} {p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except RecursionError:
         raise SwiftkError(f"{what} {p} is nested too deeply to be a {what}") from None
     except ValueError as e:
@@ -49,8 +73,6 @@ def read_json(path, what: str = "JSON file", expect: type = dict, max_bytes: int
         if m:   # name the field: the parser only knows the constant
             raise SwiftkError(f"{what} {p} is corrupt: {m.group(1)} holds {m.group(2)}, not a finite number") from None
         raise SwiftkError(f"{what} {p} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise SwiftkError(f"cannot read {what} {p}: {e.strerror}") from None
     if not isinstance(value, expect):
         names = {dict: "object", list: "array", str: "string"}
         raise SwiftkError(f"{what} {p} must hold a JSON {names.get(expect, expect.__name__)}, got "

@@ -218,7 +218,8 @@ def read_gguf(path) -> GGUFFile:
         raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
         tensors.append(GGUFTensor(rt.name, rt.tensor_type, dims, n_bytes, raw.reshape(rows, n_bytes // max(rows, 1)),
                                   int(rt.data_offset)))
-    _check_layout(reader.tensors, int(meta.get("general.alignment") or 32), size, path)
+    align = meta.get("general.alignment") or 32
+    _check_layout(reader.tensors, positive_int(align, f"GGUF {path.name}: metadata general.alignment"), size, path)
     return GGUFFile(meta, tensors)
 
 
@@ -266,8 +267,10 @@ def _gguf_config(meta: dict, tensors_by_name: dict, path: Path) -> ModelConfig:
     n_kv = count("attention.head_count_kv", n_heads)
     head_dim = count("attention.key_length", hidden // n_heads)
 
-    stype = meta.get(f"{arch}.rope.scaling.type")
-    sfactor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    stype = get("rope.scaling.type", required=False)
+    if not isinstance(stype, (str, type(None))):
+        raise SwiftkError(f"GGUF {path.name}: metadata {arch}.rope.scaling.type must be a string, got {stype!r}")
+    sfactor = real("rope.scaling.factor", 1.0) if get("rope.scaling.factor", required=False) != 0 else 1.0
     if stype not in (None, "none") and sfactor != 1.0:
         # llama3-style scaling arrives as the rope_freqs tensor; other kinds change the math.
         raise SwiftkError(f"unsupported RoPE scaling type {stype!r} (factor {sfactor}) in {path.name}")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .errors import SwiftkError
+from .files import read_text
 
 _CHUNK = 8 << 20
 _PARTIAL_CHUNK = 1 << 20  # bytes hashed at each of the three places the per-load check samples
@@ -191,8 +192,8 @@ def _write_marker(spec: ModelSpec, path: Path) -> None:
 def _recorded_partial_hash(spec: ModelSpec, path: Path) -> Optional[str]:
     """The partial hash recorded for this exact file, or None when there is no current marker for it."""
     try:
-        fields = _marker(path).read_text().split()
-    except (OSError, ValueError):  # missing, unreadable, or not text
+        fields = read_text(_marker(path), "download marker", 4096).split()
+    except (OSError, ValueError, SwiftkError):  # missing, unreadable, or not text
         return None
     st = path.stat()
     current = [spec.sha256, str(spec.size), str(st.st_mtime_ns)]
@@ -269,6 +270,9 @@ def pull(name: str, progress: bool = True, force: bool = False, verify: bool = F
     spec = _spec(name)
     _check_home()
     final = models_dir() / spec.filename
+    if final.exists() and not final.is_file():   # found before a download that could not replace it
+        raise SwiftkError(f"cached model path {final} is not a regular file (a directory, FIFO or device); "
+                          f"remove it and pull again")
     if final.is_file() and not force:
         recorded = _recorded_partial_hash(spec, final)
         if recorded is not None and not verify:

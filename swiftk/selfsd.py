@@ -19,22 +19,16 @@ import numpy as np
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
-from .files import read_json, regular_file
+from .files import read_json, read_text
 
 STATE_VERSION = 1
 
 
 def read_prompts(path) -> list:
     """Calibration prompts: ``.jsonl`` (objects with "prompt", "text" or "turns") or one prompt per line."""
-    p = regular_file(path, "prompts file")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise SwiftkError(f"cannot read prompts file {path}: {e}") from None
-    except UnicodeDecodeError as e:
-        raise SwiftkError(f"prompts file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_text(path, "prompts file")
     out = []
-    if p.suffix == ".jsonl":
+    if Path(path).suffix == ".jsonl":
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue

@@ -6,16 +6,15 @@ in the representation the LM head expects); :func:`eligible` is the one place th
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Union
 
 import torch
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
+from .files import read_json
 
 
 def eligible(n_layers: int) -> range:
@@ -77,19 +76,26 @@ def kvq_boundary(skip: torch.Tensor) -> int:
     return int(idx[0]) // 2 if idx.numel() else skip.shape[0] // 2
 
 
+SUBLAYERS = ("attention", "mlp")
+NOTES = ("matchness", "source", "objective")   # what a search may note beside the set (save's ``extra``)
+
+
+def _refuse_unknown(keys, known, where: str) -> None:
+    unknown = sorted(set(keys) - set(known))
+    if unknown:   # a misspelt key would otherwise skip nothing, silently
+        raise SwiftkError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
+
+
 def save(path: Union[str, os.PathLike], skip: torch.Tensor, identity: dict, **extra) -> None:
-    """JSON tagged with the model identity; ``extra`` fields (e.g. a search's objective) stored alongside."""
+    """JSON tagged with the model identity; ``extra`` fields (a search's numbers: one of NOTES) stored alongside."""
+    _refuse_unknown(extra, NOTES, "save_skip_set")
     write_json_atomic(path, {"model": identity, "n_layers": skip.shape[0] // 2, **to_layers(skip), **extra})
 
 
 def read(path: Union[str, os.PathLike], identity: dict, n_layers: int) -> torch.Tensor:
     """Parse a skip-set file written by :func:`save` (``save_skip_set``, ``swiftk optimize``) for this model."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SwiftkError(f"cannot read skip set file {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise SwiftkError(f"skip set file {path}: expected a JSON object, got {type(data).__name__}")
+    data = read_json(path, "skip set file", max_bytes=1 << 20)
+    _refuse_unknown(data, ("model", "n_layers") + SUBLAYERS + NOTES, f"skip set file {path}")
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
     if data.get("n_layers") != n_layers or model.get("name") != identity.get("name"):
         raise SwiftkError(f"skip set in {path} is for model {model.get('name')!r} with {data.get('n_layers')} "
@@ -102,6 +108,7 @@ def coerce(value, n_layers: int, identity: dict) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return check(value, n_layers)
     if isinstance(value, dict):
+        _refuse_unknown(value, SUBLAYERS, "skip_set")
         return from_layers(n_layers, value.get("attention", []), value.get("mlp", []))
     if isinstance(value, (str, os.PathLike)):
         return read(value, identity, n_layers)

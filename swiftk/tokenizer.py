@@ -14,7 +14,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from .errors import SwiftkError, warn
-from .files import read_json
+from .files import MAX_JSON_BYTES, read_json, read_text
 
 # Split regexes, per llama.cpp's pre-tokenizer types (facts from llama.cpp's llama-vocab.cpp).
 _LLAMA3_SPLIT = (
@@ -233,7 +233,7 @@ class Tokenizer:
             template = next((t.get("template") for t in template if isinstance(t, dict) and
                              t.get("name") == "default"), None)
         if template is None and (path / "chat_template.jinja").is_file():
-            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+            template = read_text(path / "chat_template.jinja", "chat template", MAX_JSON_BYTES)
         if not isinstance(template, (str, type(None))) or not isinstance(add_bos, (bool, type(None))):
             raise SwiftkError(f"{path / 'tokenizer_config.json'}: chat_template must be a string (or a list of "
                               f"named ones) and add_bos_token a bool")

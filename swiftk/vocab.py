@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import re
 import sys
 import sysconfig
@@ -36,6 +35,7 @@ import torch
 
 from .atomic import write_json_atomic
 from .errors import SwiftkError
+from .files import read_json
 from .model import BlockWeight, QWeight, linear, nbytes
 from .registry import swiftk_home
 
@@ -90,12 +90,12 @@ def _cached_corpus_ranking(tokenizer, cache_dir, model_name: str) -> list[int]:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name) or "tokenizer"
     path = Path(cache_dir if cache_dir is not None else swiftk_home()) / "draft_vocab" / f"{name}.json"
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "draft vocabulary") if path.exists() else {}
         ids = data["ids"]
         if data["fingerprint"] == fp and all(isinstance(i, int) and 0 <= i < V for i in ids):
             return ids
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # missing or corrupt: rebuild
+    except (OSError, ValueError, KeyError, TypeError, SwiftkError):
+        pass  # missing, corrupt or not a file swiftk wrote: rebuild
     ids = _corpus_ranking(tokenizer)
     try:
         write_json_atomic(path, {"fingerprint": fp, "ids": ids})

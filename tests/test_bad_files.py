@@ -306,3 +306,164 @@ def test_cli_output_and_training_inputs_checked_before_work(tmp_path, tiny4):
     assert out.returncode == 2 and "not UTF-8" in out.stderr and "Traceback" not in out.stderr
     out = _cli("train-drafter", "--model", str(tiny4), "--lr", "nan", home=tmp_path / "home")
     assert out.returncode == 2 and "--lr must be a finite number" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------- sweep round 3
+_READERS = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))   # /dev/zero read whole would pass this
+import torch
+from swiftk import files, selfsd, skipset
+from swiftk.datastore import Datastore
+from swiftk.errors import SwiftkError
+from swiftk.moa import model as moa_model
+from swiftk.ops import cpu_linear
+path = sys.argv[1]
+calls = {"read_bytes": lambda: files.read_bytes(path), "read_text": lambda: files.read_text(path),
+         "read_json": lambda: files.read_json(path), "skip set": lambda: skipset.read(path, {}, 4),
+         "prompts": lambda: selfsd.read_prompts(path), "corpus table": lambda: Datastore.load(path),
+         "drafter": lambda: moa_model.load(path)}
+for name, call in calls.items():
+    try:
+        call()
+        print(name, "READ")
+    except SwiftkError as e:
+        print(name, "refused:", e)
+why = cpu_linear._verify(cpu_linear.Path(path))   # a kernel library: not trusted, rebuilt
+print("kernel library", "refused:" if why else "TRUSTED", why)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversized"])
+def test_every_reader_refuses_fifos_devices_and_huge_files(tmp_path, kind):
+    """Files swiftk reads whole go through one bounded reader: a FIFO would hang, /dev/zero fill memory."""
+    p = tmp_path / "thing.json"
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "dev-zero":
+        p.symlink_to("/dev/zero")
+    else:
+        with open(p, "wb") as f:   # sparse: 2 GiB of nothing on disk
+            f.truncate(2 << 30)
+    out = subprocess.run([sys.executable, "-c", _READERS, str(p)], capture_output=True, text=True,
+                         timeout=240)   # a hang guard
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0 and len(lines) == 8, out.stderr[-3000:]
+    for line in lines:
+        assert "refused:" in line and str(p) in line, line
+        assert "not a regular file" in line if kind != "oversized" else "not a regular file" not in line, line
+
+
+def test_skip_set_from_a_device_or_fifo_is_refused(tmp_path, tiny4):
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); import swiftk\n"
+            f"eng = swiftk.load({str(tiny4)!r}, persist=False)\n"
+            "try:\n    eng.generate('w1', max_new_tokens=2, method='static', skip_set='/dev/zero')\n"
+            "except swiftk.SwiftkError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert "skip set file /dev/zero is not a regular file" in out.stdout, out.stderr[-2000:]
+    fifo = tmp_path / "skip.json"
+    os.mkfifo(fifo)
+    out = _cli("generate", "w1", "-n", "2", "--model", str(tiny4), "--skip-set", str(fifo), home=tmp_path / "h")
+    assert out.returncode == 2 and "is not a regular file" in out.stderr, out.stderr[-2000:]
+
+
+def test_gguf_metadata_of_the_wrong_type_is_named(tmp_path, monkeypatch):
+    def freq_base_and_bad_factor(self, v):
+        self.add_float32("llama.rope.freq_base", v)
+        self.add_string("llama.rope.scaling.factor", "x")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_freq_base", freq_base_and_bad_factor)
+    p = tmp_path / "m.gguf"
+    tl.write_tiny_gguf(p, "llama")
+    with pytest.raises(SwiftkError, match="llama.rope.scaling.factor must be a finite number > 0, got 'x'"):
+        load_checkpoint(p)
+
+
+def test_cached_model_path_that_is_a_directory_is_named_before_any_download(tmp_path, monkeypatch):
+    from swiftk import registry
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    monkeypatch.setattr(registry, "_download", lambda *a: pytest.fail("downloaded over a directory"))
+    (tmp_path / "models" / registry._spec(swiftk.DEFAULT_MODEL).filename).mkdir(parents=True)
+    with pytest.raises(SwiftkError, match="is not a regular file .*remove it"):
+        swiftk.pull(swiftk.DEFAULT_MODEL, progress=False)
+
+
+@pytest.mark.parametrize("bins", [[1, 2], "x", [(0.5,)], [(0.5, 2, 3)], 7])
+def test_malformed_topk_bins_are_named(tmp_path, tiny4, bins):
+    eng = swiftk.load(str(tiny4), persist=False)
+    with pytest.raises(SwiftkError, match="topk_greedy must be"):
+        eng.generate("w1", max_new_tokens=2, topk_greedy=bins)
+
+
+def test_cli_output_that_cannot_be_written_is_one_line(tmp_path, tiny4):
+    env = {**os.environ, "SWIFTK_HOME": str(tmp_path / "h"), "SWIFTK_PERSIST": "0"}
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "swiftk.cli", "generate", "w1 w2", "-n", "4", "--model",
+                              str(tiny4), "--method", "autoregressive"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, env=env, timeout=300)
+    assert out.returncode == 1 and "No space left on device" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr
+
+
+def test_cli_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    env = {**os.environ, "SWIFTK_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "swiftk.cli", "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120   # a hang guard: wait until torch's library is being loaded
+    while "libtorch" not in (maps.read_text() if maps.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip() == "swiftk: interrupted", err[-2000:]
+
+
+def test_corpus_table_with_zero_counts_is_rebuilt_with_a_warning(tmp_path, monkeypatch):
+    import numpy as np
+
+    import swiftk.datastore as dsm
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    good = dsm.Datastore.build([5, 6, 7, 5, 6, 7, 5, 6, 8])
+    good.tables[2] = (good.tables[2][0], good.tables[2][1], np.zeros_like(good.tables[2][2]), good.tables[2][3] * 0)
+    path = dsm._table_path("fp", 100)
+    path.parent.mkdir(parents=True)
+    good.save(path)
+    with pytest.raises(SwiftkError, match="corrupt tables"):
+        dsm.Datastore.load(path)
+    with pytest.warns(UserWarning, match="ignoring the corpus table"):
+        assert dsm.cached_stdlib_datastore("fp", 100) is None
+
+
+def test_misspelt_skip_set_keys_are_refused(tmp_path, tiny4):
+    from swiftk import skipset
+
+    eng = swiftk.load(str(tiny4), persist=False)
+    with pytest.raises(SwiftkError, match="skip_set: unknown key\\(s\\) 'attn'"):
+        eng.generate("w1", max_new_tokens=2, method="static", skip_set={"attn": [1]})
+    f = tmp_path / "s.json"
+    eng.save_skip_set(str(f), skip_set=skipset.from_layers(4, [1], []))
+    data = json.loads(f.read_text())
+    f.write_text(json.dumps({**data, "mlps": [2]}))
+    with pytest.raises(SwiftkError, match="unknown key\\(s\\) 'mlps'"):
+        eng.read_skip_set(str(f))
+    with pytest.raises(SwiftkError, match="save_skip_set: unknown key\\(s\\) 'note'"):
+        eng.save_skip_set(str(tmp_path / "t.json"), note="x")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"temperature": "0"}, "temperature"), ({"max_tokens": 4.0}, "max_tokens"), ({"top_p": True}, "top_p"),
+    ({"seed": "1"}, "seed"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": "true"}, "stream"), ({"n": "1"}, "n"), ({"user": 5}, "user"),
+])
+def test_server_fields_are_strict_alike(body, param):
+    from swiftk.serve import api
+
+    with pytest.raises(api.APIError) as e:
+        api.parse(api.CompletionRequest, {"model": "m", "prompt": "hi", **body})
+    assert e.value.status == 400 and e.value.param == param
+    ok = api.parse(api.CompletionRequest, {"model": "m", "prompt": "hi", "temperature": 0, "stream": True,
+                                           "stream_options": {"include_usage": True}})
+    assert ok.temperature == 0.0 and ok.stream_options.include_usage

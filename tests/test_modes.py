@@ -162,8 +162,8 @@ def test_skip_set_file_errors(eng, tmp_path):
     assert good.stat().st_mode & 0o044  # readable by others, not mkstemp's 0600
     data = json.loads(good.read_text())
     cases = {
-        "malformed": ("{not json", "cannot read skip set"),
-        "array": ("[1, 2]", "expected a JSON object"),
+        "malformed": ("{not json", "skip set file .* is not valid JSON"),
+        "array": ("[1, 2]", "must hold a JSON object, got array"),
         "wrong_model": (json.dumps({**data, "model": {"name": "other-model"}}), "is for model 'other-model'"),
         "wrong_length": (json.dumps({**data, "n_layers": 7}), "with 7 layers"),
         "out_of_range": (json.dumps({**data, "attention": [99]}), "layer 99 cannot be skipped"),

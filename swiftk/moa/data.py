@@ -23,6 +23,7 @@ import torch
 
 from ..atomic import write_json_atomic
 from ..errors import SwiftkError
+from ..files import read_json, read_text, regular_file
 
 SHARD_CHUNKS = 16
 STDLIB_DOC_TOKENS = 1024   # the head of each module: breadth over depth
@@ -75,7 +76,7 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
                 add(ids[:STDLIB_DOC_TOKENS])  # many modules, not a few
             continue
         path = Path(src)
-        if not path.is_file():
+        if not path.exists():
             raise SwiftkError(f"training source {src!r}: no such file (use 'stdlib', a .jsonl of prompts or a text file)")
         if path.suffix == ".jsonl":
             rows = []
@@ -103,10 +104,7 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
 
 
 def _text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SwiftkError(f"training source {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return read_text(path, "training source")
 
 
 @torch.inference_mode()
@@ -143,10 +141,10 @@ def extract(eng, out_dir, sources: list, max_tokens: int, chunk: int = 384, max_
     man_path = out_dir / "manifest.json"
     if man_path.is_file():
         try:
-            man = json.loads(man_path.read_text())
+            man = read_json(man_path, "features manifest")
             if man.get("spec") == spec and all((out_dir / s).is_file() for s in man["shards"]):
                 return man
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, SwiftkError):
             pass
     if eng.model.weights is not None:
         raise SwiftkError("train the drafter on the float32 target (load without weights=...)")
@@ -185,8 +183,8 @@ def load_features(out_dir) -> dict:
 
     out_dir = Path(out_dir)
     try:
-        man = json.loads((out_dir / "manifest.json").read_text())
-        parts = [load_file(str(out_dir / s)) for s in man["shards"]]
-    except (OSError, ValueError, KeyError) as e:
+        man = read_json(out_dir / "manifest.json", "features manifest")
+        parts = [load_file(str(regular_file(out_dir / s, "features shard"))) for s in man["shards"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise SwiftkError(f"cannot read drafter features in {out_dir}: {e}") from None
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SwiftkError
+from ..files import regular_file
 
 FORMAT = "swiftk-moa-drafter/1"
 
@@ -214,8 +215,9 @@ def load(path, target_cfg=None, identity: dict = None, device="cpu") -> tuple:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise SwiftkError(f"no drafter file at {path}")
+    regular_file(path, "drafter file")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

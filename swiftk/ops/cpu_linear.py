@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -30,6 +29,9 @@ import torch
 
 from swiftk.atomic import write_json_atomic
 from swiftk.errors import SwiftkError, warn
+from swiftk.files import read_bytes, read_json
+
+MAX_LIBRARY_BYTES = 64 << 20   # the built libraries are ~0.1-1 MB
 
 ENV_VAR = "SWIFTK_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -111,7 +113,7 @@ def _sidecar(lib: Path) -> Path:
 
 
 def _digest(path: Path) -> dict:
-    data = path.read_bytes()
+    data = read_bytes(path, "kernel library", MAX_LIBRARY_BYTES)
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -119,9 +121,9 @@ def _verify(lib: Path):
     """None when ``lib`` is the file swiftk built (size and hash as its sidecar says); else why not. Checked
     before every dlopen: ~0.2 ms for the ~0.1 MB library."""
     try:
-        want = json.loads(_sidecar(lib).read_text())
         have = _digest(lib)
-    except (OSError, ValueError) as e:
+        want = read_json(_sidecar(lib), "kernel library sidecar", object, 1 << 16)
+    except (OSError, ValueError, SwiftkError) as e:
         return f"{type(e).__name__}: {e}"
     if not isinstance(want, dict) or want != have:
         return f"size/sha256 {have['size']}/{have['sha256'][:12]} differ from its sidecar's"

@@ -32,7 +32,8 @@ class APIError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # one policy for every field: no coercion ("0" is not a number, 1.0 not an int, true not 1) and no unknown keys
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -104,6 +105,8 @@ def parse(model: type, raw) -> _Common:
         what = "unknown field (not in OpenAI's API or not supported by swiftk)" if err["type"] == "extra_forbidden" \
             else err["msg"]
         raise APIError(400, f"{loc}: {what}", param=loc) from None
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")
     for name, ok in UNSUPPORTED.items():
         value = getattr(req, name, None)
         if value not in ok:
