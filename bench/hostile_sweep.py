@@ -338,12 +338,14 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
         p = subprocess.Popen(argv, env=env_for(home, **c.env), cwd=str(home), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.PIPE if c.stdin is not None else subprocess.DEVNULL,
                              start_new_session=True)
+        fired = []
         if c.signal_after is not None:
             sig, after = c.signal_after
             def fire():
                 time.sleep(after)
                 if p.poll() is None:
                     p.send_signal(sig)
+                    fired.append(sig)
             threading.Thread(target=fire, daemon=True).start()
         try:
             out, err = p.communicate(c.stdin.encode("utf-8", "surrogateescape") if c.stdin is not None else None,
@@ -359,6 +361,8 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
         if stray:
             kill_group(p.pid)
         cls, detail = cli_class(rc, out, err, c.check)
+        if c.signal_after is not None and not fired and rc is not None:
+            detail = f"{detail} (it ended before the signal was sent: the case needs a longer run)"
         if c.signal_after is not None and "Traceback" not in err:
             sig = c.signal_after[0]
             if rc == 130 and sig == signal.SIGINT:
@@ -1057,7 +1061,7 @@ def cli_cases(model: Path, fx: dict, homes_root: Path) -> list:
     add("generate:stdin-bad-utf8", ["generate", "-m", M, "-n", "4"], stdin="\udcff")
     add("generate:prompt-empty", ["generate", "", "-m", M])
     # sampled at a high temperature: greedy text may hit EOS and exit before the signal arrives
-    add("generate:SIGINT", g + ["-n", "2000", "-t", "1.5", "--seed", "1"], signal_after=(signal.SIGINT, 14), timeout=90,
+    add("generate:SIGINT", g + ["-n", "4000", "-t", "1.5", "--seed", "1"], signal_after=(signal.SIGINT, 10), timeout=90,
         check=lambda o, e: ("silently wrong", "exit 0 after SIGINT"))
     # sampled at a high temperature: greedy text may hit EOS and exit before the signal arrives
     add("generate:SIGTERM", g + ["-n", "2000", "-t", "1.5", "--seed", "1"], signal_after=(signal.SIGTERM, 14), timeout=90,

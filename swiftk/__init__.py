@@ -6,6 +6,9 @@
     out.text, out.token_ids, out.stats
     eng.generate(prompt, proposers=[my_source])     # any object with propose(tokens) -> list[int]
 """
+import sys
+import types
+
 from .errors import SwiftkError
 from .registry import DEFAULT_MODEL, MODELS, pull
 
@@ -22,11 +25,23 @@ __all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "DecodeConf
 def __getattr__(name: str):
     import importlib
 
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    for n, mod in _LAZY.items():   # all at once, after every submodule they import has loaded
+        globals()[n] = getattr(importlib.import_module(f".{mod}", __name__), n)
+    return globals()[name]
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        # importing the submodule swiftk.generate sets the package's attribute "generate" to it; the function
+        # swiftk.generate() keeps the name (as the eager imports this replaced made it)
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__():

@@ -41,9 +41,12 @@ class CostModel:
         self.head_bytes = nbytes(model.lm_head)
         self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
         gpu = model.device.type == "cuda"
-        # prior: extra verify cost per token, in steps (measured figures: docs/design.md). A cold engine prices
-        # its first rounds with it, so it errs on the costly side.
-        self.slope = 0.004 if gpu else 0.07
+        # prior: extra verify cost per token, in steps (measured figures: docs/design.md, docs/performance.md). A
+        # cold engine prices its first rounds with it, so it errs on the costly side. CPU GGUF blocks: int8
+        # activations measured 0.15-0.2 on AVX2, float32 activations 0.3-0.35; float32 weights 0.05-0.07.
+        native = getattr(model, "weights", None) == "native"
+        act = getattr(model, "activations", "int8")
+        self.slope = 0.004 if gpu else (0.2 if act == "int8" else 0.35) if native else 0.07
         self.step: Optional[float] = None     # seconds of a plain decode step
         # bucket -> a verify pass of that many tokens, in decode steps: a ratio survives a machine that got
         # uniformly slower or faster since it was measured (another job, another process's persisted figures)

@@ -467,3 +467,13 @@ def test_server_fields_are_strict_alike(body, param):
     ok = api.parse(api.CompletionRequest, {"model": "m", "prompt": "hi", "temperature": 0, "stream": True,
                                            "stream_options": {"include_usage": True}})
     assert ok.temperature == 0.0 and ok.stream_options.include_usage
+
+
+def test_package_names_survive_lazy_imports():
+    """swiftk imports torch on first use; the function swiftk.generate keeps its name whichever submodule loads
+    first (swiftk/generate.py would shadow it)."""
+    code = ("import sys, swiftk\nassert 'torch' not in sys.modules\nfrom swiftk.generate import GenerationResult\n"
+            "assert callable(swiftk.generate) and callable(swiftk.load) and swiftk.GenerationResult is GenerationResult"
+            "\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
