@@ -158,6 +158,21 @@ def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
     assert "plain" in out.stats.phases
 
 
+def test_skip_set_search_runs_only_where_a_done_search_could_pay(eng):
+    """A search step costs a matchness pass over a window: where even a set accepted at the search's stopping
+    point (max_matchness) would not beat plain decoding, no step runs (small models on CPU blocks)."""
+    ref = ar(eng, n=48)
+    eng.costs = _Costs(eng.model, verify=3.0, draft=0.7)     # at 0.95 acceptance the best chain gives < 1.0
+    assert eng.costs.expected_rate(0.95, 0.7) < 1.0 <= eng.costs.expected_rate(1.0, 0.05)
+    out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0), ngram=False, history=False,
+                       recycle=False, datastore=False)
+    assert out.token_ids == ref and out.stats.optimization_steps == 0 and out.stats.time_optimize_s == 0
+    eng.costs = _Costs(eng.model, verify=1.0, draft=0.05)    # cheap drafts: the search runs
+    out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0), ngram=False, history=False,
+                       recycle=False, datastore=False)
+    assert out.token_ids == ref and out.stats.optimization_steps > 0
+
+
 def test_gate_drafts_when_drafting_is_free(eng):
     ref = ar(eng, n=64)
     eng.costs = _Costs(eng.model, verify=1.0, draft=0.01)

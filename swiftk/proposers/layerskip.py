@@ -161,8 +161,8 @@ class LayerSkipDraft(ModelDrafter):
         return max(b / 50, b / 2 * min(1.0, closeness) ** 2)
 
     def _can_pay(self) -> bool:
-        """Whether the lightest set the search may pick would beat plain decoding if every drafted token were
-        accepted, at the measured step, draft and verify costs. Where it would not (small models on CPU blocks,
+        """Whether the lightest set the search may pick would beat plain decoding at the acceptance where the
+        search would stop as done (``max_matchness``, 0.95), at the measured step, draft and verify costs. Where it would not (small models on CPU blocks,
         whose verify passes cost several steps) a search step is time lost; the check follows the costs as they
         are measured, so a cheaper verify (a GPU, a larger model) lets the search run again."""
         return self._cached("can_pay", None, self._lightest_can_pay)
@@ -176,7 +176,7 @@ class LayerSkipDraft(ModelDrafter):
         mask[[2 * i + heavy for i in range(1, 1 + k)]] = True
         mask[[2 * i + light for i in range(1, 1 + min(n - k, L - 2))]] = True
         kf = c.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
-        return c.expected_rate(1.0, kf) >= 1.0
+        return c.expected_rate(self.state.cfg.max_matchness, kf) >= 1.0
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
         """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
