@@ -23,6 +23,12 @@ import test_loaders as tl
 REPO = Path(__file__).resolve().parents[1]
 
 
+def default_sigint() -> None:
+    """In a child about to run: Ctrl-C's default disposition, as at a terminal. A test run started in the
+    background of a non-interactive shell ignores SIGINT, and children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def four_layers(monkeypatch):
     """The tiny writers' layer count raised to 4, so an Engine (layer skipping needs 3) loads them."""
@@ -235,7 +241,8 @@ def test_cli_float16_on_cpu_is_one_line(tmp_path, tiny4, args):
 def test_cli_ctrl_c_exits_130_without_traceback(tmp_path, tiny4):
     env = {**os.environ, "SWIFTK_HOME": str(tmp_path / "home"), "SWIFTK_PERSIST": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "swiftk.cli", "generate", "--model", str(tiny4)],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_sigint)
     wchan = Path(f"/proc/{proc.pid}/wchan")
     deadline = time.monotonic() + 120   # a hang guard: wait until it blocks reading the prompt from stdin
     while "pipe_read" not in (wchan.read_text() if wchan.exists() else "pipe_read"):
@@ -409,7 +416,7 @@ def test_cli_output_that_cannot_be_written_is_one_line(tmp_path, tiny4):
 def test_cli_ctrl_c_while_torch_imports_is_one_line(tmp_path):
     env = {**os.environ, "SWIFTK_HOME": str(tmp_path / "home")}
     proc = subprocess.Popen([sys.executable, "-m", "swiftk.cli", "info"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 120   # a hang guard: wait until torch's library is being loaded
     while "libtorch" not in (maps.read_text() if maps.exists() else ""):

@@ -121,7 +121,7 @@ def test_interrupted_pull_leaves_nothing_behind(tmp_path, sig):
     env = {**os.environ, "SWIFTK_HOME": str(home), "PIDFILE": str(pidfile)}
     env.pop("SWIFTK_WHEEL_DIR", None)
     proc = subprocess.Popen([sys.executable, "-c", PULL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as at a terminal
     deadline = time.monotonic() + 120   # a hang guard
     while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
