@@ -38,14 +38,12 @@ _OPT_OPTS = option_names(OptimizerConfig)
 
 
 class _Background(threading.Thread):
-    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``; with
-    ``done`` given, nothing runs and that is the result."""
+    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
 
-    def __init__(self, make: Callable, done=None):
+    def __init__(self, make: Callable):
         super().__init__(daemon=True, name="swiftk-corpus")
-        self._make, self.result = make, done
-        if done is None:
-            self.start()
+        self._make, self.result = make, None
+        self.start()
 
     def run(self) -> None:
         try:
@@ -361,9 +359,9 @@ class Engine:
         got = self.resource("corpus")
         if got is not None:
             return got
-        job = self._corpus_job
-        if job is None:
-            job = self._start_corpus()
+        job = self._corpus_job or self._start_corpus()
+        if job is None:   # found in the cache
+            return self.resource("corpus")
         if wait:
             job.join()
         if job.is_alive():
@@ -380,16 +378,16 @@ class Engine:
         return self.resource("corpus", ready)
 
     def _start_corpus(self):
-        """Load the cached tables now (~0.1 s), or start a daemon thread building them at the lowest priority."""
+        """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
+        priority (returns it)."""
         from .datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
 
         ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
         if ds is not None and ds.max_token() < self.config.vocab_size:
             self.set_resource("corpus", ds)
-        job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size),
-                          done=(ds, None) if ds is not None and "corpus" in self._resources else None)
-        self._corpus_job = job
-        return job
+            return None
+        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+        return self._corpus_job
 
     def use_corpus(self, datastore) -> None:
         """Draft corpus n-grams from ``datastore`` (``swiftk.datastore.Datastore.build(token_ids)``)."""
