@@ -158,7 +158,10 @@ void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
 // ---- the scalar definition --------------------------------------------------------------------------------------
 // Block b (of Fmt<T>::BS elements) of one weight row against activation row m: per 32 elements the integer sum, then
 // its float epilogue onto acc. The SIMD path below computes the same integers and the same float ops.
+// Not vectorized: GCC 12 with AVX-512 VNNI turns Q8_0's signed x signed byte sum into vpdpbusd (unsigned x signed)
+// and gets it wrong (seen on a Sapphire Rapids host); the definition must not depend on the compiler's vectorizer.
 template <int T>
+__attribute__((optimize("no-tree-vectorize")))
 float ref_block(const uint8_t* blk, const QX& X, int64_t m, int64_t b, float acc) {
   const int64_t K = X.K;
   if constexpr (Fmt<T>::BS == 32) {
