@@ -63,9 +63,11 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
     gen(["def warm_up():"], False)
     out = {}
     for w in workloads:
-        prompts, chat = _prompts(w, n, skip), w != "humaneval"
         out[w] = {}
         for batch in (1, 8):
+            # disjoint problems per workload and batch size: no arm meets a prompt (or its answer) twice
+            prompts = _prompts(w, n, skip + n * (2 * workloads.index(w) + (batch == 8)))
+            chat = w != "humaneval"
             d0, a0 = _counters(llm)
             t = time.perf_counter()
             res = [r for i in range(0, len(prompts), batch) for r in gen(prompts[i:i + batch], chat)]
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--n", type=int, default=8, help="prompts per workload (a multiple of 8 for batch 8)")
-    ap.add_argument("--skip", type=int, default=0, help="pass over the first prompts of each workload (held out)")
+    ap.add_argument("--skip", type=int, default=0, help="pass over the first SKIP problems; each workload then takes 2n others (n at batch 1, n at batch 8)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--arm", help=argparse.SUPPRESS)         # child: run one arm, print its JSON
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -97,6 +99,11 @@ def main(argv=None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="swiftk-vllm-")
     model_dir = str(export_hf(args.model, Path(tmp) / "model"))
+    from swiftk.datastore import corpus_fingerprint, stdlib_datastore
+    from swiftk.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_hf_dir(model_dir)   # the corpus tables now, so that no arm's run builds them
+    stdlib_datastore(tok, corpus_fingerprint(tok, {}))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     results = {}
     for arm in args.arms.split(","):

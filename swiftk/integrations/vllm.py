@@ -342,6 +342,10 @@ class SwiftkProposer:
             return
 
         def build():
+            try:   # the lowest CPU priority (Linux: per thread): serving goes first
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except (AttributeError, OSError):
+                pass
             ds, why = engine_corpus(tok, ident, vocab)
             if why:
                 log.warning(why)
