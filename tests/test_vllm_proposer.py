@@ -118,12 +118,12 @@ def test_history_drafts_a_new_request_from_an_earlier_output():
 
 
 def test_memory_is_bounded_per_request():
-    d, b = _drafter(sources=["ngram"], context_tokens=64), Batch()
+    d, b = _drafter(sources=["ngram"], context_tokens=256), Batch()
     b.add(_text(3, 3000), prompt=500)
-    b.run(d, 200)
+    b.run(d, 300)
     req = d.rows[0]
-    assert len(req.tokens) <= 64 and 0 < int(b.n[0]) - req.length() <= d.k + 1   # the last step's tokens
-    assert req.srcs[0].index.n_states <= 2 * 64 + 1
+    assert len(req.tokens) <= 256 and 0 < int(b.n[0]) - req.length() <= d.k + 1   # the last step's tokens
+    assert req.srcs[0].index.n_states <= 2 * 256 + 1 and req.offset > 1000
 
 
 def test_drafts_stop_at_the_model_length():
@@ -145,7 +145,7 @@ def test_options_are_applied_or_rejected():
     assert sv.parse_options(None, '{"sources": ["ngram"]}')["sources"] == ["ngram"]
     for bad, match in (({"flor": 0.1}, "unknown option 'flor'"), ({"floor": 1.5}, "floor"),
                        ({"sources": ["suffix"]}, "sources"), ({"proposers": "x:y"}, "proposers"),
-                       ({"context_tokens": 8}, "context_tokens"), ({"probe_gap": True}, "probe_gap")):
+                       ({"context_tokens": 128}, "context_tokens"), ({"probe_gap": True}, "probe_gap")):
         with pytest.raises(SwiftkError, match=match):
             sv.parse_options(bad)
     with pytest.raises(SwiftkError, match="not valid JSON"):

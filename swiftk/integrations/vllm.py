@@ -46,7 +46,7 @@ OPTIONS = {   # name: (default, what it is)
                       "result has propose(tokens) -> list[int])"),
     "floor": (0.1, "a draft token is sent while its chance of being reached is >= floor (0 <= floor < 1)"),
     "history_tokens": (32768, "tokens of earlier outputs kept for the history source (>= 2)"),
-    "context_tokens": (16384, "tokens of one request's context indexed at most (its latest ones; >= 64)"),
+    "context_tokens": (16384, "tokens of one request's context indexed at most (its latest ones; >= 256)"),
     "probe_gap": (64, "longest gap, in steps, between probes of a declined request (>= 1)"),
 }
 _SIG = 16   # tokens at each end of a request that identify it across steps
@@ -78,7 +78,8 @@ def parse_options(base: Optional[dict] = None, env: Optional[str] = None) -> dic
     f = out["floor"]
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < 1:
         raise SwiftkError(f"option floor must be a number in [0, 1), got {f!r}")
-    for name, lo in (("history_tokens", 2), ("context_tokens", 64), ("probe_gap", 1)):
+    # context_tokens >= 256: a trim keeps half, more than one step's new tokens (at most MAX_K + 1)
+    for name, lo in (("history_tokens", 2), ("context_tokens", 256), ("probe_gap", 1)):
         v = out[name]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise SwiftkError(f"option {name} must be an integer >= {lo}, got {v!r}")
@@ -105,19 +106,25 @@ def load_proposer(path: str):
 
 
 class _Request:
-    """One request's drafting state: its latest tokens (at most ``cap``), their automaton, its history walk."""
+    """One request's drafting state: its latest tokens (at most ``context_tokens``), their automaton, its walk over
+    the history, its sources."""
 
     def __init__(self, tokens: list, n_new: int, drafter: "Drafter"):
+        d = drafter
+        self.drafter = d
         self.head = tokens[:_SIG]
         self.prompt_len = len(tokens) - n_new   # what came before its first sampled token
         self.offset = 0                         # tokens dropped from the front (bounded memory)
-        self.tokens: list = []
-        self.last = None                        # (chain, first position) of the draft sent last step
+        self.last = None                        # (chain, position, source) of the draft sent last step
         self.gap, self.wait = 1, 0              # probes of a declined request: the gap doubles per miss
-        self.drafter = drafter
-        self._sources(tokens)
+        self.fixed = []                         # sources that keep no per-token state: corpus, user proposers
+        if "datastore" in d.opts["sources"] and d.corpus is not None:
+            self.fixed.append(CorpusNgrams(d.corpus, d.est["datastore"]))
+        self.fixed += [UserProposer(obj, d.vocab_size, name) for name, obj in d.user]
+        self._index(tokens)
 
-    def _sources(self, tokens: list) -> None:
+    def _index(self, tokens: list) -> None:
+        """The sources over this request's tokens, fresh (they extend themselves from ``tokens`` as it grows)."""
         d = self.drafter
         self.tokens = tokens
         self.srcs = []
@@ -125,11 +132,7 @@ class _Request:
             self.srcs.append(ContextNgrams(d.est["ngram"]))
         if "history" in d.opts["sources"]:
             self.srcs.append(SessionHistory(d.history, d.est["history"]))
-        if "datastore" in d.opts["sources"] and d.corpus is not None:
-            self.srcs.append(CorpusNgrams(d.corpus, d.est["datastore"]))
-        for name, obj in d.user:
-            src = UserProposer(obj, d.vocab_size, name)
-            self.srcs.append(src)
+        self.srcs += self.fixed
 
     def length(self) -> int:
         return self.offset + len(self.tokens)
@@ -150,7 +153,7 @@ class _Request:
         if len(self.tokens) > cap:   # keep the latest half: new automata over it (amortised O(1) per token)
             keep = self.tokens[-(cap // 2):]
             self.offset += len(self.tokens) - len(keep)
-            self._sources(keep)
+            self._index(keep)
 
     def output(self) -> list:
         start = max(self.prompt_len - self.offset, 0)
