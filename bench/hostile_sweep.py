@@ -863,7 +863,7 @@ def api_cases() -> list:
                 continue
             add(f"generate:{arg}={wn}", f"res = vs_ar(E(), **{{{arg!r}: {wv}}}{extra})")
     # decode / optimizer options from the option metadata
-    from swiftk.config import DecodeConfig, OptimizerConfig
+    from swiftk.runtime.config import DecodeConfig, OptimizerConfig
     from dataclasses import fields
 
     for f in fields(DecodeConfig):
@@ -1362,7 +1362,7 @@ def main():
     t_start = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="hostile-sweep-"))
     print(f"work dir {root}", file=sys.stderr)
-    r = subprocess.run([PY, "-c", "from swiftk.registry import pull; print(pull('smollm2-135m', progress=False))"],
+    r = subprocess.run([PY, "-c", "from swiftk.loading.registry import pull; print(pull('smollm2-135m', progress=False))"],
                        capture_output=True, text=True, cwd=REPO)
     model = Path(r.stdout.strip().splitlines()[-1]).resolve()
     homes = Homes(root, model)

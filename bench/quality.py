@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     import swiftk
-    from swiftk.ops import cpu_quant
+    from swiftk.runtime.ops import cpu_quant
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -1,4 +1,4 @@
-// CUDA skip-aware residual add + RMSNorm (twin: swiftk.ops.reference.fused_add_rmsnorm / rmsnorm;
+// CUDA skip-aware residual add + RMSNorm (twin: swiftk.runtime.ops.reference.fused_add_rmsnorm / rmsnorm;
 // Triton version: kernels/triton_norm.py).
 //
 // One block per row. The skip flag is a device byte read by the kernel, so a captured launch sequence serves every

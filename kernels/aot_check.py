@@ -15,7 +15,7 @@ import time
 
 
 def _jobs(full: bool):
-    from swiftk.ops.triton_ops import _load
+    from swiftk.runtime.ops.triton_ops import _load
 
     norm, rope, swiglu, attn, kvc = _load()
     dtypes = ["fp32", "fp16", "bf16"] if full else ["fp32", "bf16"]

@@ -2,7 +2,7 @@
 // matchness pass), every layer of [start, end) with its skip flags -- RMSNorm, QKV (+bias), RoPE, KV write,
 // masked GQA attention over the cache, O, residual, RMSNorm, gate/up, SwiGLU, down, residual -- on float32
 // activations, with the weights in any format of kernels/cpu_linear.cpp (float32, bfloat16, int8 + row scale).
-// Torch twin: swiftk/model.py `Model._layers` on the torch ops (tests/test_cpu_decode.py holds them close and
+// Torch twin: swiftk/runtime/model.py `Model._layers` on the torch ops (tests/test_cpu_decode.py holds them close and
 // checks this path's own batch invariance).
 //
 // Why: at these sizes a decode step on the torch path spends ~a third of its time outside the matmuls, in ~20
@@ -22,7 +22,7 @@
 
 // The public declarations (csrc/include/swiftk_cpu.h), when the build puts csrc/include on the include path
 // (examples/CMakeLists.txt does): the compiler then checks that the definitions below match them. swiftk's own
-// first-use build (swiftk/ops/cpu_linear.py) compiles this file alone, as installed packages have no csrc/.
+// first-use build (swiftk/runtime/ops/cpu_linear.py) compiles this file alone, as installed packages have no csrc/.
 #if __has_include("swiftk_cpu.h")
 #include "swiftk_cpu.h"
 #define SWK_HAVE_HEADER 1

@@ -1,6 +1,6 @@
 // Skinny CPU matmul for decoding: y[M, N] = x[M, K] @ W[N, K]^T (* scale[N]) for the few rows of a decode step, a
 // draft step or a verify pass; W in float32, bfloat16 or int8 with a per-row scale; x and y float32.
-// Torch twin: swiftk/ops/reference.py `linear` (tests/test_cpu_linear.py holds them equal).
+// Torch twin: swiftk/runtime/ops/reference.py `linear` (tests/test_cpu_linear.py holds them equal).
 //
 // Why our own: at a few rows the cost is reading W once, but MKL's sgemm at M = 4..16 runs at a fraction of the
 // bandwidth it reaches at M = 1 (an 8-token verify pass cost ~2 decode steps). Here each block of NR weight rows
@@ -11,7 +11,7 @@
 // whatever M, the blocking or the thread count, so a token's logits in a verify pass equal its logits in a
 // one-token step bit for bit.
 //
-// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time (swiftk/ops/cpu_ops.py builds this file at first
+// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time (swiftk/runtime/ops/cpu_ops.py builds this file at first
 // use with the host's flags); threads: OpenMP, which in a torch process is torch's own libgomp.
 #include <immintrin.h>
 #include <stdint.h>

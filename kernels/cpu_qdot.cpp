@@ -4,7 +4,7 @@
 // Quants multiply in integers and sum exactly in int32; the float epilogue (weight scale x activation scale x
 // integer sum, the mins and offsets through the activation block sums) runs once per block, in k order. This is
 // the arithmetic of llama.cpp's CPU backend (q8_0 / q8_K activations), with float32 activation scales.
-// Python binding: swiftk/ops/cpu_quant.py (act="int8"); tests: tests/test_cpu_qdot.py.
+// Python binding: swiftk/runtime/ops/cpu_quant.py (act="int8"); tests: tests/test_cpu_qdot.py.
 //
 // Why: with float32 activations every weight costs a float FMA per activation row, so a verify pass of 8 tokens
 // cost ~3.4 decode steps (docs/performance.md). Here one byte-multiply instruction does 32 products.

@@ -2,7 +2,7 @@
 // (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), dequantized in registers 32 elements at a time and accumulated in
 // float32 (float32 activations: the exact de-quantized model; kernels/cpu_qdot.cpp is the int8-activation path,
 // built into the same library); plus the plain dequantization, equal bit for bit to gguf.quants.dequantize (the spec
-// for the layouts). Python binding: swiftk/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
+// for the layouts). Python binding: swiftk/runtime/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
 //
 // Why: reading a 4-6 bit weight costs a fraction of a float32 one; the dequantization is a few vector ops per 16
 // weights, done once per weight and shared by every activation row. Those ops, not the reads, then bound a decode

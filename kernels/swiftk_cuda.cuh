@@ -2,7 +2,7 @@
 #pragma once
 
 #ifdef __CUDACC_RTC__
-// NVRTC (the CuPy backend, swiftk/ops/cupy_ops.py) has no host headers: the fixed-width types are all it needs.
+// NVRTC (the CuPy backend, swiftk/runtime/ops/cupy_ops.py) has no host headers: the fixed-width types are all it needs.
 typedef signed char int8_t;
 typedef int int32_t;
 typedef long long int64_t;

@@ -1,6 +1,6 @@
 """Triton attention over the KV cache: tree attention (packed ancestor bits) and dense-masked attention.
 
-Reference twins: swiftk.ops.reference.tree_attention / attention.
+Reference twins: swiftk.runtime.ops.reference.tree_attention / attention.
 
 Layout: one program per (block of query rows, kv head). A row is (new token t, query head of that kv head's GQA
 group), so the g query heads sharing a kv head read each K/V tile once, and single-token decode still fills

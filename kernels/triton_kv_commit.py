@@ -1,6 +1,6 @@
 """Triton KV commit: copy the accepted path's cache slots to contiguous slots, all layers in one launch.
 
-Reference twin: swiftk.ops.reference.kv_commit. One program owns one (layer, k|v, kv head) plane and moves every
+Reference twin: swiftk.runtime.ops.reference.kv_commit. One program owns one (layer, k|v, kv head) plane and moves every
 slot of the path for it, a chunk of head_dim columns at a time: it loads the chunk of every source row, then a
 barrier, then stores, so overlapping src/dst (e.g. src = [5, 7, 9], dst = [4, 5, 6]) read the old values. Chunks
 touch disjoint columns and each plane is touched by exactly one program, so nothing else can race with it.

@@ -1,6 +1,6 @@
 """Triton RMSNorm and skip-aware fused residual-add + RMSNorm.
 
-Reference twins: swiftk.ops.reference.rmsnorm / fused_add_rmsnorm. One program normalises one row; statistics in
+Reference twins: swiftk.runtime.ops.reference.rmsnorm / fused_add_rmsnorm. One program normalises one row; statistics in
 float32. The skip flag is read on device (0-dim bool tensor), so the same launch serves every skip set: a skipped
 sublayer passes the residual through unchanged.
 """

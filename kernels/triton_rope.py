@@ -1,6 +1,6 @@
 """Triton rotary position embedding (rotate-half, HF layout) from a positions tensor.
 
-Reference twin: swiftk.ops.reference.apply_rope. inv_freq already carries any llama3 / freq-factor scaling.
+Reference twin: swiftk.runtime.ops.reference.apply_rope. inv_freq already carries any llama3 / freq-factor scaling.
 Angles are formed in inv_freq's dtype; for float64 they are reduced mod 2*pi in float64 before the float32
 cos/sin, which keeps large positions accurate. x may be any strided [T, H, hd] view with unit stride in hd, e.g.
 the q and k heads of a fused qkv projection viewed as [T, H + KV, hd], so one launch rotates q and k together.

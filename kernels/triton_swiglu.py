@@ -1,6 +1,6 @@
 """Triton SwiGLU: gate_up [T, 2I] = [gate | up] (the fused gate/up projection output) -> silu(gate) * up [T, I].
 
-Reference twin: swiftk.ops.reference.swiglu. silu is rounded to the activation dtype before the product, as the
+Reference twin: swiftk.runtime.ops.reference.swiglu. silu is rounded to the activation dtype before the product, as the
 reference does.
 """
 from __future__ import annotations

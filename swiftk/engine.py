@@ -16,19 +16,20 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from . import methods, skipset
-from .config import DecodeConfig, OptimizerConfig, option_names, updated
-from .costs import CostModel, Gate
-from .decode import speculative_decode
+from . import methods
+from .runtime import skipset
+from .runtime.config import DecodeConfig, OptimizerConfig, option_names, updated
+from .decoding.costs import CostModel, Gate
+from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
+from .decoding.generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
                        stream_pieces)
-from .model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
+from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
 from .proposers.user import check_proposers
-from .session import Session
-from .state import LearnedState, load_persisted, state_file
+from .decoding.session import Session
+from .decoding.state import LearnedState, load_persisted, state_file
 
 # slots reserved past the context for the draft / matchness / verify scratch region (context_window <= 120,
 # trees <= 64 nodes)
@@ -351,7 +352,7 @@ class Engine:
             self._resources[name] = value
 
     def corpus(self, wait: bool = False):
-        """The corpus n-gram tables the "datastore" source drafts from (swiftk/datastore.py): unless
+        """The corpus n-gram tables the "datastore" source drafts from (swiftk/proposers/datastore.py): unless
         :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
         built yet are built in the background (started at load, at low priority); until they are ready this returns
         empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
@@ -365,7 +366,7 @@ class Engine:
         if wait:
             job.join()
         if job.is_alive():
-            from .datastore import Datastore
+            from .proposers.datastore import Datastore
 
             return Datastore.build([])
         ds, problem = job.result
@@ -380,7 +381,7 @@ class Engine:
     def _start_corpus(self):
         """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
         priority (returns it)."""
-        from .datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
+        from .proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
 
         ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
         if ds is not None and ds.max_token() < self.config.vocab_size:
@@ -390,11 +391,11 @@ class Engine:
         return self._corpus_job
 
     def use_corpus(self, datastore) -> None:
-        """Draft corpus n-grams from ``datastore`` (``swiftk.datastore.Datastore.build(token_ids)``)."""
-        from .datastore import Datastore
+        """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
+        from .proposers.datastore import Datastore
 
         if not isinstance(datastore, Datastore):
-            raise SwiftkError(f"use_corpus takes a swiftk.datastore.Datastore, got {type(datastore).__name__}")
+            raise SwiftkError(f"use_corpus takes a swiftk.proposers.datastore.Datastore, got {type(datastore).__name__}")
         if datastore.max_token() >= self.config.vocab_size:
             raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
         self.set_resource("corpus", datastore)
@@ -403,7 +404,7 @@ class Engine:
         """The reduced-vocabulary draft head (vocab.DraftHead: the ``size`` most frequent tokens; the drafter adds
         every token of the context), reset for a new call; None when a subset would not be much smaller than the
         vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
-        from .vocab import engine_draft_head
+        from .proposers.draft_head import engine_draft_head
 
         return engine_draft_head(self, size)
 
@@ -434,7 +435,7 @@ class Engine:
                                       torch.arange(T, device=dev), self.cache)
 
     def info(self) -> dict:
-        from .ops import cpu_linear, describe
+        from .runtime.ops import cpu_linear, describe
 
         c, o = self.config, self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.ops import cpu_quant
+from swiftk.runtime.ops import cpu_quant
 from test_cpu_quant import NAMES, _blocks
 
 gguf = pytest.importorskip("gguf")
@@ -164,7 +164,7 @@ def test_bad_operands_raise():
 
 # ---- the other ISA paths -------------------------------------------------------------------------------------------
 def _build(tmp_path, march):
-    from swiftk.ops.cpu_linear import FLAGS, source_path
+    from swiftk.runtime.ops.cpu_linear import FLAGS, source_path
 
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:

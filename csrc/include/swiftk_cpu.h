@@ -4,7 +4,7 @@
  * Build: compile kernels/cpu_decode.cpp as one translation unit with -fopenmp and -mavx2 -mfma or -march=native
  * (AVX2+FMA or AVX-512 F/BW/VL; the vector width is chosen at compile time), e.g. examples/CMakeLists.txt.
  * swiftk's Python runtime builds the same file at first use and calls these functions through ctypes
- * (swiftk/ops/cpu_linear.py), filling the layer table in swiftk/weights.py `fused_layer_table`.
+ * (swiftk/runtime/ops/cpu_linear.py), filling the layer table in swiftk/runtime/weights.py `fused_layer_table`.
  *
  * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
  * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..drafter import draft_level
+from ..proposers.draft_loop import draft_level
 from ..errors import SwiftkError
 from .model import MoADrafter
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..errors import SwiftkError
-from ..tree import Chain  # noqa: F401  (re-exported: what a source proposes)
+from ..decoding.tree import Chain  # noqa: F401  (re-exported: what a source proposes)
 
 
 @dataclass
