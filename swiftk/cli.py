@@ -317,7 +317,8 @@ def _serve(a) -> int:
 
 def _info(a) -> int:
     import swiftk
-    from .loading.registry import model_info, swiftk_home
+    from .home import swiftk_home
+    from .loading.registry import model_info
 
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)

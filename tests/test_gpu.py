@@ -34,7 +34,7 @@ def _close(a, b, tol=1e-3):
 
 def test_graphed_passes_equal_eager_passes(cuda_engines):
     """Plain step, draft step (skip set, reduced-vocabulary head) and tree verify: graph replay == eager."""
-    from swiftk.decoding.tree import TreeMask
+    from swiftk.runtime.ops.masks import TreeMask
 
     g_eng, e_eng = cuda_engines
     ids = g_eng.tokenizer.encode(PROMPTS[0])

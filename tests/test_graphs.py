@@ -6,7 +6,7 @@ import torch
 import swiftk
 from swiftk.errors import SwiftkError
 from swiftk.runtime.graphs import _bucket_T, _Graph
-from swiftk.decoding.tree import TreeMask
+from swiftk.runtime.ops.masks import TreeMask
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import swiftk
 import swiftk.proposers.layerskip.draft as layerskip_mod
 from swiftk.proposers.draft_loop import matchness
-from swiftk.decoding.tree import DraftLevel
+from swiftk.proposers.base import DraftLevel
 
 FREE_TEXT = [
     "The history of the Roman Empire",

@@ -5,7 +5,9 @@ import torch
 
 from swiftk.decoding.acceptance import ancestor_matrix
 from swiftk.runtime.ops.reference import unpack_tree_mask
-from swiftk.decoding.tree import GREEDY_TOPK, DraftLevel, build_tree, k_for_confidence, pack_tree_mask
+from swiftk.decoding.tree import GREEDY_TOPK, build_tree
+from swiftk.proposers.base import DraftLevel, k_for_confidence
+from swiftk.runtime.ops.masks import pack_tree_mask
 
 
 def _levels(rng, depth):

@@ -16,7 +16,7 @@ import swiftk
 from bench.e2e import copy_bandwidth
 from swiftk.runtime import skipset
 from swiftk.atomic import write_atomic
-from swiftk.decoding.tree import TreeMask
+from swiftk.runtime.ops.masks import TreeMask
 
 
 def timed(f, n=50, warm=5) -> float:

@@ -22,22 +22,9 @@ from ..errors import SwiftkError, warn
 from ..files import read_json
 from ..proposers.suffix import OutputHistory
 from ..proposers.layerskip.search import SkipSetOptimizer
-from ..proposers.base import Estimates
+from ..proposers.base import Estimates, calibration_bin, new_calibration  # noqa: F401
 
 STATE_VERSION = 3
-_BINS = 10
-
-
-def calibration_bin(p: float) -> int:
-    return min(_BINS - 1, max(0, int(p * _BINS)))
-
-
-def new_calibration() -> Estimates:
-    """P(the target agrees | the draft's probability for the token), per probability bin. Prior: a token drafted
-    with probability p is accepted with probability ~0.8 p; slow forgetting (the text and the skip set change)."""
-    return Estimates([0.8 * (b + 0.5) / _BINS for b in range(_BINS)], weight=2.0, decay=0.99)
-
-
 @dataclass
 class GateMemory:
     """How recent model-drafting rounds paid (costs.Gate writes it, nothing else does): an EMA of their speed in
@@ -162,7 +149,7 @@ def state_file(identity: dict, device, dtype, weights, activations=None) -> Path
 
     import torch
 
-    from ..loading.registry import swiftk_home
+    from ..home import swiftk_home
 
     fp = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:12]
     name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(identity.get("name") or "model"))

@@ -38,6 +38,7 @@ from typing import Optional, Union
 
 from ..errors import SwiftkError
 from ..files import read_text
+from ..home import models_dir, swiftk_home
 
 _CHUNK = 8 << 20
 _PARTIAL_CHUNK = 1 << 20  # bytes hashed at each of the three places the per-load check samples
@@ -100,16 +101,6 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def swiftk_home() -> Path:
-    """Cache root: $SWIFTK_HOME, else ~/.cache/swiftk."""
-    env = os.environ.get("SWIFTK_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "swiftk"
-
-
-def models_dir() -> Path:
-    return swiftk_home() / "models"
 
 
 def _home_label() -> str:

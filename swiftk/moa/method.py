@@ -13,7 +13,7 @@ from .runner import MoARunner, moa_draft
 
 def trained_drafter_path(engine) -> Path:
     """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
-    from ..loading.registry import swiftk_home
+    from ..home import swiftk_home
 
     name = str(engine.identity.get("name") or "model")
     fp = str(engine.identity.get("fingerprint") or "")[:12]

@@ -193,7 +193,7 @@ def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: floa
 
 def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
            drafter_options) -> dict:
-    from ..loading.registry import swiftk_home
+    from ..home import swiftk_home
     from ..proposers.draft_head import frequent_token_ids
     from .data import load_features
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import SwiftkError, warn
 from ..files import regular_file
+from .stdlib import stdlib_docs
 
 MAX_N = 3
 MIN_COUNT = 2
@@ -164,8 +165,6 @@ class Datastore:
 
 def stdlib_ids(tokenizer, max_tokens: int) -> list:
     """The corpus: the standard library's modules in path order (test suites excluded), joined by EOS."""
-    from ..moa.data import stdlib_docs
-
     eos = min(tokenizer.eos_ids) if tokenizer.eos_ids else 0
     out: list = []
     for ids in stdlib_docs(tokenizer):
@@ -180,7 +179,7 @@ _lock = threading.Lock()
 
 
 def _table_path(fingerprint: str, max_tokens: int) -> Path:
-    from ..loading.registry import swiftk_home
+    from ..home import swiftk_home
 
     tag = hashlib.sha256(f"{fingerprint}|{sys.version_info[:2]}|{sysconfig.get_paths()['stdlib']}|{max_tokens}|"
                          f"{FORMAT}|{MAX_N}|{MIN_COUNT}".encode()).hexdigest()[:16]

@@ -27,7 +27,6 @@ import hashlib
 import itertools
 import re
 import sys
-import sysconfig
 from collections import Counter
 from pathlib import Path
 
@@ -37,31 +36,10 @@ from ..atomic import write_json_atomic
 from ..errors import SwiftkError
 from ..files import read_json
 from ..runtime.model import BlockWeight, QWeight, linear, nbytes
-from ..loading.registry import swiftk_home
+from ..home import swiftk_home
+from .stdlib import head_corpus_files as _corpus_files, head_corpus_texts as _corpus_texts
 
-_CORPUS_FILE_BYTES = 32 * 1024  # per file: many modules, not a few huge ones
-_CORPUS_TOTAL_BYTES = 3 * 1024 * 1024
 _RECIPE = 1  # bump when the corpus or counting changes, to invalidate caches
-
-
-def _corpus_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(root.glob("*.py"))
-
-
-def _corpus_texts():
-    total = 0
-    for f in _corpus_files():
-        try:
-            text = f.read_text(encoding="utf-8", errors="replace")[:_CORPUS_FILE_BYTES]
-        except OSError:
-            continue
-        cut = text.rfind("\n")  # end on a line boundary so the last token is a natural one
-        text = text[: cut + 1] if cut > 0 else text
-        yield text
-        total += len(text)
-        if total >= _CORPUS_TOTAL_BYTES:
-            return
 
 
 def _fingerprint(tokenizer) -> str:
@@ -213,7 +191,7 @@ def engine_draft_head(engine, size: int):
     if not 0 < size < engine.config.vocab_size // 2:
         return None
     def make():
-        from ..loading.registry import swiftk_home
+        from ..home import swiftk_home
 
         base = frequent_token_ids(engine.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
                                   model_name=str(engine.identity.get("name") or "model"))

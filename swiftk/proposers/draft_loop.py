@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.sampling import sample_without_replacement
-from ..decoding.tree import DraftLevel, k_for_confidence
+from .base import DraftLevel, k_for_confidence
 
 
 def draft(model, cache, root_token: int, skip, sampler, gate, calibrate, step_s: float, *, max_draft: int,

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..errors import warn
-from ..decoding.tree import BoundedMask
+from .ops.masks import BoundedMask
 
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_GRAPHS = 48

@@ -29,7 +29,7 @@ from .ops import cpu_linear, get_ops
 from .ops import reference as reference_ops
 from .kvcache import KVCache
 from .skipset import SkipSet
-from ..decoding.tree import BoundedMask, TreeMask
+from .ops.masks import BoundedMask, TreeMask
 from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
                       choose_cpu_linear_forms, formats, fused_layer_table, linear, named_weights, nbytes)
 

@@ -15,7 +15,7 @@ import torch
 
 from ..draft_loop import draft, matchness
 from ...runtime.skipset import SkipSet, to_layers
-from ...decoding.state import calibration_bin
+from ..base import calibration_bin
 
 _EXPLORE = 1  # optimization steps at half the budget before what they found sets the search's budget
 

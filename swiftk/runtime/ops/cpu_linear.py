@@ -74,7 +74,7 @@ def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_l
     """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
     ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
     kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
-    from swiftk.loading.registry import swiftk_home
+    from swiftk.home import swiftk_home
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     units = [src, *(source_path(name) for name in sources)]

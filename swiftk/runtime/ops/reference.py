@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from swiftk.decoding.tree import pack_tree_mask, unpack_tree_mask  # noqa: F401  (the bitmask format, owned by tree.py)
+from .masks import pack_tree_mask, unpack_tree_mask  # noqa: F401  (the bitmask format, owned by masks.py)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
