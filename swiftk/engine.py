@@ -27,6 +27,7 @@ from .decoding.generate import (GenerationResult, Sampler, SamplingParams, Token
                        stream_pieces)
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
+from .proposers.datastore import EngineCorpus
 from .proposers.user import check_proposers
 from .decoding.session import Session
 from .decoding.state import LearnedState, load_persisted, state_file
@@ -38,22 +39,6 @@ _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
 
 
-class _Background(threading.Thread):
-    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
-
-    def __init__(self, make: Callable):
-        super().__init__(daemon=True, name="swiftk-corpus")
-        self._make, self.result = make, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        self.result = self._make()
-
-
 def split_options(kw: dict) -> tuple:
     """(decode options, optimizer options); unknown names raise."""
     unknown = set(kw) - _DECODE_OPTS - _OPT_OPTS
@@ -63,7 +48,7 @@ def split_options(kw: dict) -> tuple:
     return ({k: v for k, v in kw.items() if k in _DECODE_OPTS}, {k: v for k, v in kw.items() if k in _OPT_OPTS})
 
 
-class Engine:
+class Engine(EngineCorpus):
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
                  drafter=None,
@@ -350,55 +335,6 @@ class Engine:
     def set_resource(self, name, value) -> None:
         with self._lock:
             self._resources[name] = value
-
-    def corpus(self, wait: bool = False):
-        """The corpus n-gram tables the "datastore" source drafts from (swiftk/proposers/datastore.py): unless
-        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
-        built yet are built in the background (started at load, at low priority); until they are ready this returns
-        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
-        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
-        got = self.resource("corpus")
-        if got is not None:
-            return got
-        job = self._corpus_job or self._start_corpus()
-        if job is None:   # found in the cache
-            return self.resource("corpus")
-        if wait:
-            job.join()
-        if job.is_alive():
-            from .proposers.datastore import Datastore
-
-            return Datastore.build([])
-        ds, problem = job.result
-
-        def ready():
-            if problem:
-                warn(problem)   # once, in the caller's thread
-            return ds
-
-        return self.resource("corpus", ready)
-
-    def _start_corpus(self):
-        """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
-        priority (returns it)."""
-        from .proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
-
-        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
-        if ds is not None and ds.max_token() < self.config.vocab_size:
-            self.set_resource("corpus", ds)
-            return None
-        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
-        return self._corpus_job
-
-    def use_corpus(self, datastore) -> None:
-        """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
-        from .proposers.datastore import Datastore
-
-        if not isinstance(datastore, Datastore):
-            raise SwiftkError(f"use_corpus takes a swiftk.proposers.datastore.Datastore, got {type(datastore).__name__}")
-        if datastore.max_token() >= self.config.vocab_size:
-            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
-        self.set_resource("corpus", datastore)
 
     def draft_head(self, size: int):
         """The reduced-vocabulary draft head (vocab.DraftHead: the ``size`` most frequent tokens; the drafter adds

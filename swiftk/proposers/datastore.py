@@ -23,7 +23,7 @@ import sysconfig
 import threading
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -257,3 +257,68 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
     except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
         return Datastore.build([]), (f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); "
                                      "decoding without them")
+
+
+# ---------------------------------------------------------------- one engine's tables
+class _Background(threading.Thread):
+    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
+
+    def __init__(self, make: Callable):
+        super().__init__(daemon=True, name="swiftk-corpus")
+        self._make, self.result = make, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        self.result = self._make()
+
+
+class EngineCorpus:
+    """The corpus tables an Engine drafts from, a mixin of Engine (it needs ``resource``, ``set_resource``,
+    ``tokenizer``, ``identity``, ``config`` and ``_corpus_job``): here beside the tables they load and build."""
+
+    def corpus(self, wait: bool = False):
+        """The corpus n-gram tables the "datastore" source drafts from (swiftk/proposers/datastore.py): unless
+        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
+        built yet are built in the background (started at load, at low priority); until they are ready this returns
+        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
+        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
+        got = self.resource("corpus")
+        if got is not None:
+            return got
+        job = self._corpus_job or self._start_corpus()
+        if job is None:   # found in the cache
+            return self.resource("corpus")
+        if wait:
+            job.join()
+        if job.is_alive():
+            return Datastore.build([])
+        ds, problem = job.result
+
+        def ready():
+            if problem:
+                warn(problem)   # once, in the caller's thread
+            return ds
+
+        return self.resource("corpus", ready)
+
+    def _start_corpus(self):
+        """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
+        priority (returns it)."""
+        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
+        if ds is not None and ds.max_token() < self.config.vocab_size:
+            self.set_resource("corpus", ds)
+            return None
+        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+        return self._corpus_job
+
+    def use_corpus(self, datastore) -> None:
+        """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
+        if not isinstance(datastore, Datastore):
+            raise SwiftkError(f"use_corpus takes a swiftk.proposers.datastore.Datastore, got {type(datastore).__name__}")
+        if datastore.max_token() >= self.config.vocab_size:
+            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
+        self.set_resource("corpus", datastore)
