@@ -23,8 +23,9 @@ from .decoding.costs import CostModel, Gate
 from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .decoding.generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
-                       stream_pieces)
+from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, stream_pieces
+from .decoding.passes import autoregressive
+from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
 from .proposers.datastore import EngineCorpus

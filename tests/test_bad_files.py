@@ -478,8 +478,8 @@ def test_server_fields_are_strict_alike(body, param):
 
 def test_package_names_survive_lazy_imports():
     """swiftk imports torch on first use; the function swiftk.generate keeps its name whichever submodule loads
-    first (swiftk/decoding/generate.py would shadow it)."""
-    code = ("import sys, swiftk\nassert 'torch' not in sys.modules\nfrom swiftk.decoding.generate import GenerationResult\n"
+    first (a submodule named generate would shadow it)."""
+    code = ("import sys, swiftk\nassert 'torch' not in sys.modules\nfrom swiftk.decoding.output import GenerationResult\n"
             "assert callable(swiftk.generate) and callable(swiftk.load) and swiftk.GenerationResult is GenerationResult"
             "\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -482,7 +482,7 @@ def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
 def test_stats_report_the_prefill_apart(eng, monkeypatch, method):
     import importlib
 
-    G = importlib.import_module("swiftk.decoding.generate")   # the module (swiftk.generate the attribute is the function)
+    G = importlib.import_module("swiftk.decoding.passes")   # where prefill lives (the session imports it by name)
     S = importlib.import_module("swiftk.decoding.session")
 
     def slow_prefill(*a, **kw):   # a prefill known to last >= 50 ms, whatever the machine

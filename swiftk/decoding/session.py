@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 
 from .costs import CostModel, Gate
-from .generate import DecodeStats, Sampler, Timer, TokenSink, prefill, step_logits
+from .output import DecodeStats, Timer, TokenSink
+from .passes import prefill, step_logits
+from .sampler import Sampler
 from .tree import DRAFT, ROOT
 
 

@@ -27,7 +27,8 @@ from .. import methods
 from ..runtime.config import updated
 from ..engine import split_options
 from ..errors import SwiftkError
-from ..decoding.generate import SamplingParams, check_lengths
+from ..decoding.output import check_lengths
+from ..decoding.sampler import SamplingParams
 from . import api
 from .api import APIError
 

@@ -1,5 +1,5 @@
-"""What every decoding method shares: sampling settings and the sampler, the token sink (stop rules, streaming,
-cancellation), prefill, plain autoregressive decoding, and the typed result and statistics.
+"""What every decoding method hands back: the token sink (stop rules, streaming, cancellation), the typed result
+and statistics, the phase timer, and the length check.
 
 The sink takes tokens one at a time, so a method that emits several tokens per round (SWIFT) stops at exactly the
 token plain autoregressive decoding would have stopped at.
@@ -7,91 +7,12 @@ token plain autoregressive decoding would have stopped at.
 from __future__ import annotations
 
 import math
-import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
-import torch
-
 from ..errors import SwiftkError
-from ..runtime.ops.cpu_linear import topk_rows
-from ..runtime.sampling import process_logits, validate_sampling_params
-
-MAX_SEED = 2**63 - 1
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: Optional[int] = None
-
-    def validate(self) -> "SamplingParams":
-        validate_sampling_params(self.temperature, self.top_k, self.top_p)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed <= MAX_SEED):
-            raise SwiftkError(f"seed must be None or an int in [0, 2**63-1], got {self.seed!r}")
-        return self
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return process_logits(logits, self.temperature, self.top_k, self.top_p)
-
-
-class Sampler:
-    """The target's choice of the next token, as a score whose argmax is that choice.
-
-    Greedy: the logits. Sampling (coupled, the default): Gumbel-max with noise keyed by (seed, position), i.e. the
-    token at absolute position t is ``argmax_x log p_t(x) + G_t(x)`` with G_t i.i.d. Gumbel drawn from a generator
-    seeded by (seed, t). That is an exact draw from p_t (the processed target distribution), and it is a
-    deterministic function of the seed, the position and the context: any draft verified against it emits exactly
-    the tokens autoregressive decoding with the same seed emits. Seeded sampling is therefore reproducible across
-    methods, skip sets and engine states. ``rejection`` keeps SpecInfer-style tree rejection sampling
-    (acceptance.accept_sampling) for the speculative rounds; its output depends on the draft.
-    """
-
-    def __init__(self, sp: SamplingParams, device, rule: str = "coupled"):
-        self.sp, self.device, self.rule = sp, torch.device(device), rule
-        self.seed = sp.seed if sp.seed is not None else random.SystemRandom().randrange(MAX_SEED)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(self.seed)
-        self._noise: dict = {}
-
-    @property
-    def greedy(self) -> bool:
-        return self.sp.greedy
-
-    def noise(self, position: int, V: int) -> torch.Tensor:
-        g = self._noise.get(position)
-        if g is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed((self.seed * 0x9E3779B97F4A7C15 + position) % MAX_SEED)
-            u = torch.rand(V, generator=gen, device=self.device).clamp_(1e-20, 1.0 - 1e-7)
-            g = self._noise[position] = -torch.log(-torch.log(u))
-        return g
-
-    def release(self, below: int) -> None:
-        """Forget the noise of positions already committed."""
-        for p in [p for p in self._noise if p < below]:
-            del self._noise[p]
-
-    def scores(self, logits: torch.Tensor, positions) -> torch.Tensor:
-        """[N, V] logits of the rows predicting ``positions`` -> scores whose row argmax is the choice."""
-        if self.greedy:
-            return logits
-        logp = torch.log(self.sp.probs(logits))
-        V = logits.shape[-1]
-        return logp + torch.stack([self.noise(int(p), V) for p in positions])
-
-    def pick(self, logits_row: torch.Tensor, position: int) -> int:
-        return int(topk_rows(self.scores(logits_row[None], [position]), 1)[0, 0])   # torch.argmax's choice
-
 
 @dataclass
 class DecodeStats:
@@ -235,46 +156,6 @@ class Timer:
         now = time.perf_counter()
         self.totals[name] = self.totals.get(name, 0.0) + now - t0
         return now
-
-
-def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
-    """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache)."""
-    dev = model.device
-    P = len(prompt_ids)
-    cache.reset()
-    ar = torch.arange(P, device=dev)
-    logits = model.forward(torch.tensor(prompt_ids, device=dev), ar, ar, cache,
-                           logits_idx=torch.tensor([P - 1], device=dev))
-    cache.advance(P)
-    return sampler.pick(logits[0], P)
-
-
-def plain_step(model, cache, token: int, sampler: Sampler) -> int:
-    """One autoregressive step: ``token`` goes into the cache, the next token comes back."""
-    return step_logits(model, cache, token, sampler)[0]
-
-
-def step_logits(model, cache, token: int, sampler: Sampler) -> tuple:
-    """:func:`plain_step` that also returns the target's scores [1, V] for the next position."""
-    dev = model.device
-    n = cache.length
-    pos = torch.tensor([n], device=dev)
-    logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache, start=n)
-    cache.advance(1)
-    sampler.release(n + 1)
-    return sampler.pick(logits[0], n + 1), logits
-
-
-def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:
-    """Plain decoding: prefill, then one target forward per token."""
-    t = time.perf_counter()
-    tok = prefill(model, cache, prompt_ids, sampler)
-    t_prefill = time.perf_counter() - t
-    steps = 1
-    while not sink.push(tok):
-        tok = plain_step(model, cache, tok, sampler)
-        steps += 1
-    return DecodeStats(decoding_steps=steps, plain_steps=steps - 1, time_prefill_s=t_prefill)
 
 
 def check_lengths(prompt_len: int, max_new_tokens, limit: int, model_ctx: int) -> None:
