@@ -2,7 +2,7 @@
 built once (draft head, corpus tables, trained drafters).
 
 One call of :meth:`Engine.generate` holds the engine's lock (two threads calling it serialize; the KV cache has one
-owner at a time), validates every option before any work, and hands the decode round (decode.py) a Session, the
+owner at a time), validates every option before any work, and hands the decode round (decoding/loop.py) a Session, the
 method's drafter and the free sources. Methods are objects (methods.py): no method has a branch here.
 """
 from __future__ import annotations
@@ -338,9 +338,9 @@ class Engine(EngineCorpus):
             self._resources[name] = value
 
     def draft_head(self, size: int):
-        """The reduced-vocabulary draft head (vocab.DraftHead: the ``size`` most frequent tokens; the drafter adds
-        every token of the context), reset for a new call; None when a subset would not be much smaller than the
-        vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
+        """The reduced-vocabulary draft head (proposers.draft_head.DraftHead: the ``size`` most frequent tokens; the
+        drafter adds every token of the context), reset for a new call; None when a subset would not be much smaller
+        than the vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
         from .proposers.draft_head import engine_draft_head
 
         return engine_draft_head(self, size)

@@ -320,7 +320,9 @@ _READERS = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))   # /dev/zero read whole would pass this
 import torch
-from swiftk import files, selfsd, skipset
+from swiftk import files
+from swiftk.proposers.layerskip import offline as selfsd
+from swiftk.runtime import skipset
 from swiftk.proposers.datastore import Datastore
 from swiftk.errors import SwiftkError
 from swiftk.moa import model as moa_model

@@ -205,7 +205,7 @@ def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str
     """Acceptance of a built :class:`~swiftk.decoding.tree.Tree`.
 
     ``target``: [N, V] scores whose argmax is the target's choice (greedy: logits; coupled sampling: perturbed
-    log-probs, see ``generate.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs for
+    log-probs, see ``sampler.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs for
     multi-candidate rejection sampling against ``tree.draft_probs``."""
     if draft_probs_rule == "rejection":
         return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,

@@ -1,5 +1,5 @@
 """One call's decoding state, in one owner: the sequence so far, the sampler, the output sink, the gate's per-call
-decisions, the telemetry. The decode round (decode.py) reads it top to bottom; the KV cache moves its own cursor.
+decisions, the telemetry. The decode round (loop.py) reads it top to bottom; the KV cache moves its own cursor.
 
 Slot layout during a round with ``n`` committed tokens: slots [0, n) hold committed target KV; the pending token
 (the tree's root, emitted but not yet in the cache) and the tree go to slots n, n+1, ...; draft steps and the

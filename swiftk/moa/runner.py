@@ -74,7 +74,7 @@ class MoARunner:
 
 def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, calibrate,
               step_s: float, *, max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
-    """Like drafter.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
+    """Like draft_loop.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
     N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
     them)."""
     runner.sync(cache, committed)

@@ -318,7 +318,8 @@ class EngineCorpus:
     def use_corpus(self, datastore) -> None:
         """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
         if not isinstance(datastore, Datastore):
-            raise SwiftkError(f"use_corpus takes a swiftk.proposers.datastore.Datastore, got {type(datastore).__name__}")
+            raise SwiftkError("use_corpus takes a swiftk.proposers.datastore.Datastore, got "
+                              f"{type(datastore).__name__}")
         if datastore.max_token() >= self.config.vocab_size:
             raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
         self.set_resource("corpus", datastore)

@@ -262,7 +262,7 @@ def _valid_bins(bins) -> bool:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The on-the-fly skip-set search (SWIFT section 4.1, with a speed objective; see optimizer.py)."""
+    """The on-the-fly skip-set search (SWIFT section 4.1, with a speed objective; see proposers/layerskip/search.py)."""
 
     skip_ratio: float = _opt(0.45, float, 0.0, 0.95, lo_open=True,
                              help="objective=matchness: fraction of sublayers skipped (paper r); speed: the most")
@@ -310,7 +310,7 @@ class DecodeConfig:
     datastore: bool = _opt(True, bool, help="add corpus n-gram candidates (tables over the Python stdlib's source, "
                            "swiftk/proposers/datastore.py) to the tree where the context has nothing better")
     draft_vocab: int = _opt(8192, int, 0, help="draft logits over this many frequent tokens plus every token of "
-                            "the context (vocab.DraftHead); 0: the full LM head")
+                            "the context (proposers.draft_head.DraftHead); 0: the full LM head")
     trace: bool = _opt(False, bool, help="keep per-round lists in the stats (accept lengths, tree sizes, phases, "
                        "expected vs measured rates, the search's matchness) for debugging and plots")
     sampling: str = _opt("coupled", str, choices=("coupled", "rejection"),

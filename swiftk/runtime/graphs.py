@@ -11,7 +11,7 @@ has this form:
 with the inputs copied into the graph's own buffers (token ids, positions, ``start``, the ancestor matrix) and the
 attention mask built on the device from them. T is bucketed: up to 1, 2, 4, ... 64 (padding rows attend only to
 themselves and write KV into scratch slots past the tree, which nothing reads). The mask spans the whole cache and
-attention stops reading keys at ``start + T`` on the device (``tree.BoundedMask``), so one graph serves every
+attention stops reading keys at ``start + T`` on the device (``ops.masks.BoundedMask``), so one graph serves every
 cache length: a capture costs ~15 decode steps, and bucketing by length too made a 256-token answer capture a
 dozen graphs. The plain graphs (every T, no skip set) are captured up front (``warm``) so that no decode pass pays
 a capture. The host-side branching on the skip set (a skipped sublayer launches nothing) is frozen into a graph,

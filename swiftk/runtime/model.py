@@ -4,8 +4,8 @@
 
 * positions drive RoPE, slots say where each token's K/V is written; tree siblings share a position but own slots.
 * ``attn_mask`` is ``None`` (causal over slot index), a dense bool ``[T, S]`` mask over the first S cache slots (or
-  a :class:`~swiftk.decoding.tree.BoundedMask`: the same with a device-side key bound), or a
-  :class:`~swiftk.decoding.tree.TreeMask` (all committed slots visible + the ancestor relation over the new tokens, which
+  a :class:`~swiftk.runtime.ops.masks.BoundedMask`: the same with a device-side key bound), or a
+  :class:`~swiftk.runtime.ops.masks.TreeMask` (all committed slots visible + the ancestor relation over the new tokens, which
   must then sit at slots ``prefix_len .. prefix_len+T-1``).
 * ``skip`` is a bool ``[2 * n_layers]`` skip set (attention, MLP per layer): a skipped sublayer adds nothing to the
   residual stream. This is how the SWIFT draft model is the target model itself.

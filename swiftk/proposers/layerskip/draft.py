@@ -1,7 +1,7 @@
 """The layer-skip draft (SWIFT, Self-SD, early exit): the target model itself run with some sublayers skipped,
 one token at a time, proposing a spine with candidate siblings (levels) instead of a free chain.
 
-With ``search`` the skip set is the learned state's incumbent and the on-the-fly search (optimizer.py) scores a
+With ``search`` the skip set is the learned state's incumbent and the on-the-fly search (search.py) scores a
 candidate on the last ``context_window`` tokens whenever its time budget allows; otherwise the set is fixed
 (early exit, a static set). The draft runs only while the gate expects it to pay. Its calibration (draft
 probability -> acceptance chance) lives in the learned state.
@@ -53,7 +53,7 @@ class ModelDrafter:
 class LayerSkipDraft(ModelDrafter):
     def __init__(self, state, costs, skip=None, search: bool = True, head=None, kvq: bool = False):
         """``skip``: a fixed bool [2L] skip set (no search), or None for the state's incumbent; ``head``: the
-        reduced-vocabulary draft head (vocab.DraftHead, reset to its base tokens) or None for the full LM head."""
+        reduced-vocabulary draft head (draft_head.DraftHead, reset to its base tokens) or None for the full LM head."""
         super().__init__(state, head)
         self.costs = costs
         self.fixed = None if skip is None else skip.cpu()

@@ -5,7 +5,7 @@ warmed template: kernel library, corpus tables and draft vocabulary; the registr
 
     clear error | correct | crash | hang | silently wrong | raw traceback | leftover
 
-    .venv/bin/python bench/hostile_sweep.py [--only GROUP,...] [--jobs 2] [--out /tmp/hostile_sweep]
+    .venv/bin/python tools/hostile_sweep.py [--only GROUP,...] [--jobs 2] [--out /tmp/hostile_sweep]
 
 Prints a markdown table (counts per class and group) and the cases outside {clear error, correct}; writes the
 full list to OUT.json and OUT.md. Reference for "correct": greedy ``method="autoregressive"`` output.
@@ -1448,7 +1448,7 @@ def report(cases, out, wall):
     for c in sorted(cases, key=lambda c: (CLASSES.index(c.cls) if c.cls in CLASSES else 99, c.group, c.name)):
         if c.cls not in OK:
             lines.append(f"| {c.cls} | {c.group} | `{c.name}` | {c.detail.replace('|', '/').replace(chr(10), ' ')[:300]} | "
-                         f"`{c.repro.replace('|', '/')[:300]}`; rerun: `bench/hostile_sweep.py --only {c.group[0]} "
+                         f"`{c.repro.replace('|', '/')[:300]}`; rerun: `tools/hostile_sweep.py --only {c.group[0]} "
                          f"--filter '{c.name}'` |")
     text = "\n".join(lines)
     print(text)
