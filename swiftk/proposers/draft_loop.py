@@ -1,5 +1,6 @@
-"""The draft: the target model itself run with a skip set, one token at a time; and matchness, the optimizer's
-measure of how well a skip set drafts.
+"""The model drafters' draft loop (``draft_chain``, shared by the layer-skip draft and MoA), the layer-skip step
+(``draft``: the target model itself run with a skip set, one token at a time), and matchness, the skip-set
+search's measure of how well a set drafts.
 
 Draft steps read the committed target KV for the prefix and write their own KV (for the sublayers they compute)
 into scratch slots past the committed length; the verify pass overwrites those slots, so nothing is copied or
@@ -7,7 +8,7 @@ cloned. After each step the gate (costs.Gate) decides whether one more draft tok
 
 KVQ cache (``boundary=f``): every sublayer before layer f is computed by the draft exactly as the target computes
 it, so the KV it writes there for the spine tokens is the target's own, and the residual entering layer f (the
-exit query) is kept per spine token; the verify pass then starts those tokens at layer f (decode.verify).
+exit query) is kept per spine token; the verify pass then starts those tokens at layer f (decoding/loop.py's verify).
 """
 from __future__ import annotations
 
@@ -24,19 +25,33 @@ def draft(model, cache, root_token: int, skip, sampler, gate, calibrate, step_s:
     ``calibrate``: draft probability -> acceptance chance; ``step_s``: seconds per draft step."""
     dev = model.device
     n = cache.length
+    pos = torch.empty(1, dtype=torch.long, device=dev)
+
+    def step(token: int, j: int) -> tuple:
+        pos.fill_(n + j)
+        out = model.forward(torch.tensor([token], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary,
+                            head=head, start=n + j)
+        if boundary is not None:
+            out, hidden = out
+            return out[0], hidden
+        return out[0], None
+
+    return draft_chain(step, n, root_token, sampler, gate, calibrate, step_s, max_draft=max_draft,
+                       max_spine=max_spine, topk_bins=topk_bins, rejection=rejection)
+
+
+def draft_chain(step, n: int, root_token: int, sampler, gate, calibrate, step_s: float, *, max_draft: int,
+                max_spine: int, topk_bins, rejection: bool = False) -> list:
+    """The draft loop every model drafter shares (layer skip, MoA): ``step(token, j)`` runs the drafter on the
+    spine token at depth j (position n + j) and returns (logits [V] for the next token, the boundary residual or
+    None); candidates are ranked per depth and the gate decides after each one whether to draft another."""
     levels = []
     cur = root_token
     kmax = max(k for _, k in topk_bins)
-    pos = torch.empty(1, dtype=torch.long, device=dev)
     surv, tokens = 1.0, 1.0   # chain survival and expected emitted tokens so far (the gate's bookkeeping)
     for j in range(min(max_draft, max_spine)):
-        pos.fill_(n + j)
-        out = model.forward(torch.tensor([cur], device=dev), pos, pos, cache, skip=skip, capture_layer=boundary,
-                            head=head, start=n + j)
-        hidden = None
-        if boundary is not None:
-            out, hidden = out
-        level, conf = draft_level(out[0], sampler, n + j + 1, topk_bins, kmax, rejection)
+        logits, hidden = step(cur, j)
+        level, conf = draft_level(logits, sampler, n + j + 1, topk_bins, kmax, rejection)
         level.hidden = hidden
         levels.append(level)
         a = calibrate(conf)
