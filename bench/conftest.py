@@ -77,7 +77,7 @@ def backend_ops(name: str) -> SimpleNamespace:
         return ns("triton", triton_ops.ops(), "triton")
     from swiftk.runtime.ops import cuda_ops, cupy_ops
 
-    if name == "cupy":   # the same kernels/*.cu through NVRTC
+    if name == "cupy":   # the same kernels/cuda/*.cu through NVRTC
         ok_c, why_c = cupy_ops.available()
         ext = cupy_ops.extension() if ok_c else None
     else:

@@ -1,4 +1,4 @@
-"""Block-quant matmul (kernels/cpu_quant.cpp) against the float32 kernel (kernels/cpu_linear.cpp) on the same
+"""Block-quant matmul (kernels/cpu/cpu_quant.cpp) against the float32 kernel (kernels/cpu/cpu_linear.cpp) on the same
 weights dequantized: y = x @ W.T for a few decoder shapes at M = 1 and 8 rows.
 
     python -m bench.quant_linear --repeats 20

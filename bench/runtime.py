@@ -3,15 +3,15 @@
     python -m bench.runtime --model smollm2-135m --prompts 4 --max-new-tokens 64
 
 Configurations (one process, measurements interleaved so machine noise hits them alike):
-- ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
+- ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
 - ``linear-fp32``: float32 weights, swiftk's CPU matmul kernel, the other ops of each layer one by one in torch
-  (the runtime before kernels/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
-- ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu_decode.cpp) with swiftk's CPU matmul
+  (the runtime before kernels/cpu/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
+- ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu/cpu_decode.cpp) with swiftk's CPU matmul
   kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
 - ``kernel-native-f32``: ``weights="native", activations="float32"``: the GGUF file's own blocks with float32
-  activations (kernels/cpu_quant.cpp in the fused loop), the exact de-quantized model
-- ``kernel-native``: the default for a quantized GGUF file: its blocks with int8 activations (kernels/cpu_qdot.cpp),
+  activations (kernels/cpu/cpu_quant.cpp in the fused loop), the exact de-quantized model
+- ``kernel-native``: the default for a quantized GGUF file: its blocks with int8 activations (kernels/cpu/cpu_qdot.cpp),
   integer dot products as llama.cpp computes
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline

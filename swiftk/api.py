@@ -24,8 +24,8 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     memory = file size), "float32" (every weight converted to ``dtype``), "bfloat16" or "int8" (CPU formats of
     swiftk's matmul kernel, float32 activations; a rounded target model, see swiftk.runtime.model.Model);
     ``activations`` (native weights only): "int8" (the default there: activation rows quantized to int8 per block,
-    integer dot products, as llama.cpp computes; kernels/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
-    kernels/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
+    integer dot products, as llama.cpp computes; kernels/cpu/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
+    kernels/cpu/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
     ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
     the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/runtime/graphs.py)."""
     from .loading.loaders import load_checkpoint

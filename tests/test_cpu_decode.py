@@ -1,4 +1,4 @@
-"""kernels/cpu_decode.cpp (the fused CPU layer loop) against its torch twin (Model._layers op by op), its batch
+"""kernels/cpu/cpu_decode.cpp (the fused CPU layer loop) against its torch twin (Model._layers op by op), its batch
 invariance, partial passes, weight formats and bad input."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""kernels/cpu_linear.cpp against its torch twin (swiftk.runtime.ops.reference.linear), batch invariance, weight formats."""
+"""kernels/cpu/cpu_linear.cpp against its torch twin (swiftk.runtime.ops.reference.linear), batch invariance, weight formats."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""kernels/cpu_qdot.cpp, the int8-activation block matmul: the activation quantizer (SIMD and scalar equal, and equal
+"""kernels/cpu/cpu_qdot.cpp, the int8-activation block matmul: the activation quantizer (SIMD and scalar equal, and equal
 to a numpy definition), the kernel against a numpy reference and bit for bit against its scalar definition, batch
 invariance (rows, their positions, tiles, threads, column slices), every ISA build agreeing bit for bit, bad
 operands."""

@@ -1,4 +1,4 @@
-"""kernels/cpu_quant.cpp: dequantization bit for bit gguf.quants.dequantize's, the block-quant matmul against torch
+"""kernels/cpu/cpu_quant.cpp: dequantization bit for bit gguf.quants.dequantize's, the block-quant matmul against torch
 on the dequantized weight, batch invariance, and bad operands raising SwiftkError."""
 import ctypes
 import os

@@ -1,4 +1,4 @@
-"""kernels/cpu_topk.cpp (swiftk.runtime.ops.cpu_linear.topk_rows) against torch: argmax exactly (first maximal index, NaN
+"""kernels/cpu/cpu_topk.cpp (swiftk.runtime.ops.cpu_linear.topk_rows) against torch: argmax exactly (first maximal index, NaN
 first), top-k as a stable sort by (value descending, index)."""
 import pytest
 import torch

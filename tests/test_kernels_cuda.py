@@ -1,6 +1,6 @@
 """CUDA extension swiftk._C vs the torch reference twins.
 
-Every kernel test runs for both ways the same kernels/*.cu reach the GPU: the compiled extension (``cuda``) and
+Every kernel test runs for both ways the same kernels/cuda/*.cu reach the GPU: the compiled extension (``cuda``) and
 CuPy's NVRTC (``cupy``, swiftk/runtime/ops/cupy_ops.py). GPU tests are marked ``gpu`` and skipped without a CUDA device,
 or for a backend that is missing (extension not built, CuPy not importable). The argument-check test runs for the
 extension wherever it imports and for the CuPy twin everywhere (its checks come before any CuPy call).
@@ -138,7 +138,7 @@ def test_cupy_kv_commit_rejects_a_commit_past_its_shared_memory():
 
 def test_cupy_parameter_structs_match_the_c_layout(tmp_path):
     """The NumPy records CuPy passes by value must have the C structs' field offsets and size (compiled here from
-    kernels/swiftk_cuda.cuh, its NVRTC branch, by the host compiler)."""
+    kernels/cuda/swiftk_cuda.cuh, its NVRTC branch, by the host compiler)."""
     import shutil
     import subprocess
 

@@ -1,6 +1,6 @@
 """weights="native": a GGUF file's block-format matrices used as they are (weights.BlockWeight inside the fused layer
-loop and op by op), with float32 activations (kernels/cpu_quant.cpp; reference: the same file dequantized to float32)
-and with int8 activations (kernels/cpu_qdot.cpp, the default; close to the float32 model, lossless to itself)."""
+loop and op by op), with float32 activations (kernels/cpu/cpu_quant.cpp; reference: the same file dequantized to float32)
+and with int8 activations (kernels/cpu/cpu_qdot.cpp, the default; close to the float32 model, lossless to itself)."""
 import gguf
 import gguf.quants as gq
 import numpy as np

@@ -1,4 +1,4 @@
-"""The CPU fast path of Model.run_layers: whole runs of layers in one C call (kernels/cpu_decode.cpp), with the
+"""The CPU fast path of Model.run_layers: whole runs of layers in one C call (kernels/cpu/cpu_decode.cpp), with the
 per-cache address tables it reads. A mixin of Model, apart so model.py reads as the op-by-op definition."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class FusedCPULayers:
     """Needs from Model: cfg, scale, inv_freq, layers, _fused_tables, _fused_fl, _check_tree_fits, _visibility."""
 
     def _layers_fused(self, h, start, end, stop, positions, slots, cache, attn_mask, flags, capture):
-        """`_layers` on CPU through kernels/cpu_decode.cpp: one C call per run of layers (two around a captured
+        """`_layers` on CPU through kernels/cpu/cpu_decode.cpp: one C call per run of layers (two around a captured
         layer); same results as the op-by-op loop up to float rounding."""
         c = self.cfg
         T = h.shape[0]

@@ -53,8 +53,8 @@ class Model(FusedCPULayers):
         decoding is lossless with respect to whichever runs. "native": ``tensors`` holds the GGUF file's
         block-format matrices as weights.BlockWeight (loaders.load_checkpoint(native=True)), used as they are.
         ``activations`` (native weights only): "int8" (default: each activation row quantized to int8 per block
-        and multiplied in integers, the arithmetic of llama.cpp; kernels/cpu_qdot.cpp) or "float32" (the exact
-        de-quantized model; kernels/cpu_quant.cpp). The two are slightly different numerical models; decoding is
+        and multiplied in integers, the arithmetic of llama.cpp; kernels/cpu/cpu_qdot.cpp) or "float32" (the exact
+        de-quantized model; kernels/cpu/cpu_quant.cpp). The two are slightly different numerical models; decoding is
         lossless with respect to the one that runs."""
         self.cfg = cfg
         self.device = torch.device(device)
@@ -136,7 +136,7 @@ class Model(FusedCPULayers):
         self._flags = (None, None)   # (skip-set tensor, its host list): read once per set
         self._no_skip = [False] * cfg.n_sublayers
         self.graphs = None           # graphs.GraphRunner on CUDA (enable_graphs); None: every pass eager
-        # CPU float32 activations: the layer loop can run as one C call (kernels/cpu_decode.cpp) when the kernel
+        # CPU float32 activations: the layer loop can run as one C call (kernels/cpu/cpu_decode.cpp) when the kernel
         # library is built; _fused_tables: per KV cache, the weight/cache addresses it reads
         self.fused_ok = (self.device.type == "cpu" and dtype == torch.float32
                           and all(t.dtype == torch.float32 for L in self.layers for t in (L.attn_norm, L.mlp_norm)))
@@ -200,8 +200,8 @@ class Model(FusedCPULayers):
             what = f"{'/'.join(kinds)} blocks x {self.activations} activations"
             if short:
                 return what
-            kernel = (f"integer dot products, kernels/cpu_qdot.cpp {cpu_quant.int_isa()}" if self.activations == "int8"
-                      else "de-quantized in registers, float32 FMAs, kernels/cpu_quant.cpp")
+            kernel = (f"integer dot products, kernels/cpu/cpu_qdot.cpp {cpu_quant.int_isa()}" if self.activations == "int8"
+                      else "de-quantized in registers, float32 FMAs, kernels/cpu/cpu_quant.cpp")
             return f"{what} ({kernel})"
         if self.weights is not None:
             return f"{self.weights} weights x float32 activations"

@@ -50,7 +50,7 @@ class QWeight:
 @dataclass(frozen=True)
 class BlockWeight:
     """A matrix as a GGUF file stores it: ggml blocks (Q4_0 ... Q6_K), one row of blocks per output row, read by
-    the block kernel (kernels/cpu_quant.cpp) without ever being widened to float32 in memory.
+    the block kernel (kernels/cpu/cpu_quant.cpp) without ever being widened to float32 in memory.
 
     ``parts``: row groups ((raw [n_i, K / block * block_bytes] uint8, ggml type id), ...) stacked in order: a fused
     matrix keeps each source tensor's format (Q4_K_M files store some layers' v or down in Q6_K). ``act``: the
@@ -66,7 +66,7 @@ class BlockWeight:
         if self.act not in ACTIVATIONS:
             raise SwiftkError(f"BlockWeight act={self.act!r}: use one of {', '.join(ACTIVATIONS)}")
         flag = INT8_ACT if self.act == "int8" else 0
-        # what kernels/cpu_decode.cpp reads for weight type 3: n_parts, then (address, type, rows) per part
+        # what kernels/cpu/cpu_decode.cpp reads for weight type 3: n_parts, then (address, type, rows) per part
         desc = [len(self.parts)] + [v for raw, t in self.parts for v in (raw.data_ptr(), int(t) | flag, raw.shape[0])]
         object.__setattr__(self, "descriptor", torch.tensor(desc, dtype=torch.int64))
 
@@ -182,7 +182,7 @@ def nbytes(t) -> int:
 WEIGHT_FORMATS = ("bfloat16", "int8", "native")
 
 
-# CPU linears run on swiftk's own kernel (kernels/cpu_linear.cpp, built at first use; see swiftk/runtime/ops/cpu_linear.py):
+# CPU linears run on swiftk's own kernel (kernels/cpu/cpu_linear.cpp, built at first use; see swiftk/runtime/ops/cpu_linear.py):
 # it reads each weight once for all T rows and is batch invariant. Without it (no compiler, SWIFTK_CPU_KERNELS=0)
 # torch's matmul serves, in the product form measured faster for T rows on this CPU: MKL's x @ w.T at a few rows
 # is 1.6-3x slower than its one-row GEMV on some CPUs and the faster form on others (choose_cpu_linear_forms).
@@ -242,7 +242,7 @@ def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
 
 
 def fused_layer_table(layers, cache) -> tuple:
-    """(addresses [n_layers, width] int64, weight types [n_layers, 4] int32): what kernels/cpu_decode.cpp reads
+    """(addresses [n_layers, width] int64, weight types [n_layers, 4] int32): what kernels/cpu/cpu_decode.cpp reads
     per layer (norms, matrices and their scales, bias, the layer's KV cache)."""
 
     def w(t):
@@ -272,7 +272,7 @@ def fused_layer_table(layers, cache) -> tuple:
         types.append([wtype(t) for t in (L.wqkv, L.wo, L.w_gate_up, L.w_down)])
     table = torch.tensor(rows, dtype=torch.int64)
     if table.shape[1] != cpu_linear.layer_table_width():
-        raise SwiftkError("kernels/cpu_decode.cpp's layer table does not match swiftk/runtime/weights.py")
+        raise SwiftkError("kernels/cpu/cpu_decode.cpp's layer table does not match swiftk/runtime/weights.py")
     return table, torch.tensor(types, dtype=torch.int32)
 
 

@@ -1,4 +1,4 @@
-"""The CPU linear kernel (``kernels/cpu_linear.cpp``): build for this host at first use, load, call.
+"""The CPU linear kernel (``kernels/cpu/cpu_linear.cpp``): build for this host at first use, load, call.
 
 ``linear(x, w, scale=None)`` computes ``x @ w.T`` (times ``scale`` per output row for int8 weights) for the few
 rows of a decode step, a draft step or a verify pass; see the .cpp file for why it beats MKL there and for its
@@ -48,11 +48,11 @@ _fn = None
 
 def source_path(name: str = "cpu_linear.cpp") -> Path:
     here = Path(__file__).resolve()
-    for cand in (here.parents[2] / "kernels" / name,    # installed: swiftk/kernels/
-                 here.parents[3] / "kernels" / name):   # source checkout: ./kernels/
+    for cand in (here.parents[2] / "kernels" / "cpu" / name,    # installed: swiftk/kernels/cpu/
+                 here.parents[3] / "kernels" / "cpu" / name):   # source checkout: ./kernels/cpu/
         if cand.is_file():
             return cand
-    raise FileNotFoundError(f"kernels/{name} not found next to the swiftk package")
+    raise FileNotFoundError(f"kernels/cpu/{name} not found next to the swiftk package")
 
 
 def _cpu_id() -> str:
@@ -73,7 +73,7 @@ def _compiler() -> Optional[str]:
 def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear", sources=()) -> Path:
     """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
     ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
-    kernels/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
+    kernels/cpu/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
     from swiftk.home import swiftk_home
 
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -214,7 +214,7 @@ def status() -> str:
     """One line for ``swiftk info``: which matmul serves CPU linears, and why."""
     if _ensure():
         width = _lib.swk_vector_width()
-        return f"swiftk kernel (kernels/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'})"
+        return f"swiftk kernel (kernels/cpu/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'})"
     return f"torch matmul ({_why})"
 
 
@@ -257,7 +257,7 @@ def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
 
 def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     """[M, k] int64: the indices of each row's k largest values of x [M, V], in torch.topk's order (equal values
-    by lower index, NaN first), so k = 1 is torch.argmax. CPU float32 through kernels/cpu_topk.cpp when the
+    by lower index, NaN first), so k = 1 is torch.argmax. CPU float32 through kernels/cpu/cpu_topk.cpp when the
     library is loaded, else torch."""
     if x.dim() == 1:
         return topk_rows(x[None], k)[0]
@@ -271,11 +271,11 @@ def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
-_fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu_decode.cpp)
+_fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu/cpu_decode.cpp)
 
 
 def set_fused(on: bool) -> None:
-    """Switch the fused CPU layer loop (kernels/cpu_decode.cpp) on or off for this process (benchmarks, tests);
+    """Switch the fused CPU layer loop (kernels/cpu/cpu_decode.cpp) on or off for this process (benchmarks, tests);
     off, the layers run op by op through torch (with this kernel still serving their matmuls)."""
     global _fused
     _fused = bool(on)
@@ -286,7 +286,7 @@ def fused_active() -> bool:
 
 
 def layers_fn():
-    """The C entry ``swk_layers`` (see kernels/cpu_decode.cpp). Call only after :func:`available` returned True."""
+    """The C entry ``swk_layers`` (see kernels/cpu/cpu_decode.cpp). Call only after :func:`available` returned True."""
     return _lib.swk_layers
 
 

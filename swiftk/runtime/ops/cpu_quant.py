@@ -1,14 +1,14 @@
 """The GGUF block-quant CPU kernels: matmul with weights kept in ggml block formats.
 
 ``linear(x, w_raw, type, K, act)`` computes ``x @ W.T`` where ``W`` is ``w_raw``'s rows of ggml blocks (a GGUF
-tensor's bytes, one row of blocks per output row). ``act="float32"`` (``kernels/cpu_quant.cpp``): blocks
+tensor's bytes, one row of blocks per output row). ``act="float32"`` (``kernels/cpu/cpu_quant.cpp``): blocks
 dequantized in registers, float32 activations, the exact de-quantized model. ``act="int8"``
-(``kernels/cpu_qdot.cpp``): each activation row quantized to int8 in blocks of 32 elements (float32 scale),
+(``kernels/cpu/cpu_qdot.cpp``): each activation row quantized to int8 in blocks of 32 elements (float32 scale),
 integer dot products, as llama.cpp computes. Both are batch
 invariant. ``dequant(type, raw, n)`` is the plain dequantization, equal bit for bit to ``gguf.quants.dequantize``.
 Types: ggml ids in :data:`TYPES`.
 
-Built and loaded like kernels/cpu_linear.cpp (swiftk/runtime/ops/cpu_linear.py: first use, per-host build, sidecar
+Built and loaded like kernels/cpu/cpu_linear.cpp (swiftk/runtime/ops/cpu_linear.py: first use, per-host build, sidecar
 hash); :func:`status` says which path the build took or why there is none.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ _SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_siz
             "swk_qi_linear_ld", "swk_qi_linear_ref", "swk_qi_quantize", "swk_qi_isa", "swk_qi_repack",
             "swk_qi_unpack_rows")
 ACTIVATIONS = ("int8", "float32")   # the activation arithmetic of a block matmul (act=...)
-INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu_qdot.cpp
+INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu/cpu_qdot.cpp
 _ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
 
 _lock = threading.Lock()
@@ -76,7 +76,7 @@ def status() -> str:
     """One line: the path the build took (AVX-512, AVX2 or portable C++), or why there is no kernel."""
     if _ensure():
         isa = {512: "AVX-512", 256: "AVX2"}.get(_lib.swk_q_isa(), "portable C++")
-        return f"swiftk quant kernels (kernels/cpu_quant.cpp {isa}; int8 activations kernels/cpu_qdot.cpp {int_isa()})"
+        return f"swiftk quant kernels (kernels/cpu/cpu_quant.cpp {isa}; int8 activations kernels/cpu/cpu_qdot.cpp {int_isa()})"
     return f"unavailable ({_why})"
 
 
@@ -182,7 +182,7 @@ def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int, act: str = "floa
 
 def repack(raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
     """``raw`` [N, bytes per row] (ggml blocks of ``qtype`` in the file's layout) packed for the int8 kernel: rows
-    in groups of 8 with each block's fields side by side (kernels/cpu_qdot.cpp). Same shape and size."""
+    in groups of 8 with each block's fields side by side (kernels/cpu/cpu_qdot.cpp). Same shape and size."""
     bs, ts = _sizes(qtype)
     _raw("raw", raw)
     if raw.dim() != 2 or raw.shape[0] < 1 or K % bs or raw.shape[1] != K // bs * ts:
@@ -259,7 +259,7 @@ def _panels_into(xf: torch.Tensor, raw: torch.Tensor, qtype, K: int, out: torch.
 
 
 def linear_address() -> int:
-    """The address of ``swk_q_linear_ld``, for kernels/cpu_decode.cpp's fused loop (swk_set_q_linear)."""
+    """The address of ``swk_q_linear_ld``, for kernels/cpu/cpu_decode.cpp's fused loop (swk_set_q_linear)."""
     _need()
     return ctypes.cast(_lib.swk_q_linear_ld, ctypes.c_void_p).value
 

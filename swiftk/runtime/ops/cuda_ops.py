@@ -1,6 +1,6 @@
 """CUDA-extension backend: thin wrappers passing tensor pointers, shapes, strides, dtype and stream to ``swiftk._C``.
 
-The extension (kernels/*.cu + csrc/, built by CMake through setup.py) covers tree_attention, kv_commit,
+The extension (kernels/cuda/*.cu + csrc/, built by CMake through setup.py) covers tree_attention, kv_commit,
 fused_add_rmsnorm and rmsnorm. Inputs outside what the kernels take (mixed dtypes, CPU tensors, head_dim > 256,
 very long commit lists) go to the fallback implementation the dispatcher passes in, so results never depend on
 which backend served a call.
@@ -14,7 +14,7 @@ import torch
 from swiftk.errors import SwiftkError
 
 CUDA_OPS = ("rmsnorm", "fused_add_rmsnorm", "tree_attention", "kv_commit")
-_KV_COMMIT_SMEM = 32 * 1024  # kKvCommitSmemBytes in kernels/swiftk_cuda.cuh
+_KV_COMMIT_SMEM = 32 * 1024  # kKvCommitSmemBytes in kernels/cuda/swiftk_cuda.cuh
 
 
 def extension():

@@ -1,4 +1,4 @@
-"""CuPy backend: the same CUDA sources as the compiled extension (kernels/*.cu), compiled at first use by NVRTC.
+"""CuPy backend: the same CUDA sources as the compiled extension (kernels/cuda/*.cu), compiled at first use by NVRTC.
 
 No build step: where ``swiftk._C`` was not built (a plain ``pip install``) but CuPy is importable and torch sees a
 GPU, :func:`extension` returns an object with the extension's entry points (same arguments, same checks as
@@ -34,7 +34,7 @@ def available() -> tuple[bool, str]:
 def _kernels_dir() -> Path:
     from .triton_ops import kernels_package
 
-    return Path(kernels_package().__file__).resolve().parent
+    return Path(kernels_package().__file__).resolve().parent / "cuda"
 
 
 @functools.lru_cache(maxsize=None)

@@ -137,7 +137,7 @@ def tree_attention(
 
 def linear(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] @ w [N, K].T in float32 (times ``scale`` [N] per output row for int8 weights): the twin of
-    kernels/cpu_linear.cpp."""
+    kernels/cpu/cpu_linear.cpp."""
     y = x.float() @ w.float().T
     return y if scale is None else y * scale
 

@@ -52,7 +52,7 @@ def available() -> tuple[bool, str]:
 def _load():
     kernels_package()
     names = ("triton_norm", "triton_rope", "triton_swiglu", "triton_attention", "triton_kv_commit")
-    return [importlib.import_module(f"swiftk.kernels.{n}") for n in names]
+    return [importlib.import_module(f"swiftk.kernels.triton.{n}") for n in names]
 
 
 def ops() -> dict:

@@ -4,8 +4,8 @@ The CPU interpreter (TRITON_INTERPRET=1) runs kernels as numpy and misses errors
 (e.g. a Python global read inside a kernel). This lowers each kernel to a cubin for sm_80 / sm_90 with Triton's own
 ptxas, so CI without a GPU still fails on a kernel that would not compile.
 
-    python -m swiftk.kernels.aot_check            # bf16 + fp32, head_dim 128, sm_80 and sm_90 (about a minute)
-    python -m swiftk.kernels.aot_check --full     # every dtype, head_dim 64/128/256 (several minutes)
+    python -m swiftk.kernels.triton.aot_check            # bf16 + fp32, head_dim 128, sm_80 and sm_90 (about a minute)
+    python -m swiftk.kernels.triton.aot_check --full     # every dtype, head_dim 64/128/256 (several minutes)
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// GGUF block formats shared by the block kernels (kernels/cpu_quant.cpp: float32 activations; kernels/cpu_qdot.cpp:
+// GGUF block formats shared by the block kernels (kernels/cpu/cpu_quant.cpp: float32 activations; kernels/cpu/cpu_qdot.cpp:
 // int8 activations): ggml type ids, block sizes, the float16 field reader and the K formats' 6-bit scales.
 // gguf.constants.GGML_QUANT_SIZES and gguf.quants are the spec for the layouts.
 #ifndef SWIFTK_CPU_GGUF_H_

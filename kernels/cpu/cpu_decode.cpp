@@ -1,7 +1,7 @@
 // The CPU decoder-layer loop in one call: for T <= 32 new tokens (a decode step, a draft step, a verify pass, a
 // matchness pass), every layer of [start, end) with its skip flags -- RMSNorm, QKV (+bias), RoPE, KV write,
 // masked GQA attention over the cache, O, residual, RMSNorm, gate/up, SwiGLU, down, residual -- on float32
-// activations, with the weights in any format of kernels/cpu_linear.cpp (float32, bfloat16, int8 + row scale).
+// activations, with the weights in any format of kernels/cpu/cpu_linear.cpp (float32, bfloat16, int8 + row scale).
 // Torch twin: swiftk/runtime/model.py `Model._layers` on the torch ops (tests/test_cpu_decode.py holds them close and
 // checks this path's own batch invariance).
 //
@@ -127,7 +127,7 @@ void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* 
   run<WT>(x, M, K, (const char*)w, scale, N, y, nthreads);
 }
 
-// GGUF block formats (wtype 3) run on kernels/cpu_quant.cpp, a separate library: the host hands its entry in
+// GGUF block formats (wtype 3) run on kernels/cpu/cpu_quant.cpp, a separate library: the host hands its entry in
 // (swk_set_q_linear) rather than this file compiling a second copy of it.
 typedef int (*q_linear_fn)(const float*, int64_t, int64_t, const void*, int, int64_t, float*, int64_t);
 q_linear_fn g_q_linear = nullptr;
@@ -358,7 +358,7 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
   return 0;
 }
 
-// The block-format matmul (kernels/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
+// The block-format matmul (kernels/cpu/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
 void swk_set_q_linear(void* fn) { g_q_linear = (q_linear_fn)fn; }
 
 // Addresses per layer in swk_layers' table.

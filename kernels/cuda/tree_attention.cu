@@ -1,4 +1,4 @@
-// CUDA tree attention (twin: swiftk.runtime.ops.reference.tree_attention; Triton version: kernels/triton_attention.py).
+// CUDA tree attention (twin: swiftk.runtime.ops.reference.tree_attention; Triton version: kernels/triton/triton_attention.py).
 //
 // One block per (new token t, query head h). Keys are processed in tiles of kTile slots: each warp scores keys of
 // the tile (lanes split head_dim, so K rows are read coalesced), then the block does an online-softmax update of

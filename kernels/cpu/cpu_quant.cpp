@@ -1,6 +1,6 @@
 // GGUF weights kept in their block format: y[M, N] = x[M, K] @ W[N, K]^T with W in ggml's row-major block layout
 // (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), dequantized in registers 32 elements at a time and accumulated in
-// float32 (float32 activations: the exact de-quantized model; kernels/cpu_qdot.cpp is the int8-activation path,
+// float32 (float32 activations: the exact de-quantized model; kernels/cpu/cpu_qdot.cpp is the int8-activation path,
 // built into the same library); plus the plain dequantization, equal bit for bit to gguf.quants.dequantize (the spec
 // for the layouts). Python binding: swiftk/runtime/ops/cpu_quant.py; tests: tests/test_cpu_quant.py.
 //
@@ -8,7 +8,7 @@
 // weights, done once per weight and shared by every activation row. Those ops, not the reads, then bound a decode
 // step, so Q4_K (the bulk of Q4_K_M files) has an AVX-512 path with its scales factored out of the dot products.
 //
-// Batch invariance (as kernels/cpu_linear.cpp): each y[m, n] is one fixed sequence of vector ops in k order (per
+// Batch invariance (as kernels/cpu/cpu_linear.cpp): each y[m, n] is one fixed sequence of vector ops in k order (per
 // format and ISA), then one fixed lane reduction, whatever M, the tiling or the thread count.
 //
 // ISA: AVX-512 (F/BW/VL) or AVX2+FMA+F16C by the -march macros, else portable C++ (same code over an 8-float
@@ -161,7 +161,7 @@ inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec 
 #endif
 }
 
-// ---- formats: kernels/cpu_gguf.h (ggml type ids, Fmt<T>::BS elements / TS bytes per block, h2f)
+// ---- formats: kernels/cpu/cpu_gguf.h (ggml type ids, Fmt<T>::BS elements / TS bytes per block, h2f)
 
 // Q4_K/Q5_K: 8 six-bit (scale, min) pairs packed in 12 bytes -> a[s] = d * scale, b[s] = dmin * min
 inline void k_scales(const uint8_t* blk, float (&a)[8], float (&b)[8]) {
@@ -364,7 +364,7 @@ constexpr int MB = 64;   // activation rows per pass of the span path (bounds it
 
 // Software prefetch of the weight stream into L2, whole row groups ahead (the group this thread runs next) and at
 // least 8 KiB: without it the hardware prefetcher, facing R interleaved row streams, left DRAM latency exposed
-// (as kernels/cpu_linear.cpp found for its weights). A prefetch past the end of W is harmless.
+// (as kernels/cpu/cpu_linear.cpp found for its weights). A prefetch past the end of W is harmless.
 inline int64_t pf_distance(int64_t group_bytes) { return (8192 + group_bytes - 1) / group_bytes * group_bytes; }
 template <int TS>
 inline void prefetch_block(const uint8_t* p) {
@@ -671,7 +671,7 @@ void dequant(const uint8_t* blocks, int64_t n, float* out) {
 
 extern "C" {
 
-// kernels/cpu_qdot.cpp, linked into the same library: the same matmul with int8 activations
+// kernels/cpu/cpu_qdot.cpp, linked into the same library: the same matmul with int8 activations
 int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                      int64_t ldy);
 #define SWK_Q_INT8_ACT 256   // a type with this bit set runs on swk_qi_linear_ld (the fused loop's descriptors)
@@ -710,7 +710,7 @@ int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
 // y[M, N] (float32, row-major, ldy floats per row: y may be a column slice of a wider output) = x[M, K]
 // (float32, row-major) @ W^T, W = N rows of K / block_size consecutive blocks of type `type` (ggml's layout of a
 // [N, K] weight). Threads: OpenMP's default (torch's setting in torch). `type` | SWK_Q_INT8_ACT: the same with the
-// rows of x quantized to int8 (kernels/cpu_qdot.cpp).
+// rows of x quantized to int8 (kernels/cpu/cpu_qdot.cpp).
 int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                     int64_t ldy) {
   if (type & SWK_Q_INT8_ACT) return swk_qi_linear_ld(x, M, K, w, type & ~SWK_Q_INT8_ACT, N, y, ldy);

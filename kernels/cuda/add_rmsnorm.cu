@@ -1,5 +1,5 @@
 // CUDA skip-aware residual add + RMSNorm (twin: swiftk.runtime.ops.reference.fused_add_rmsnorm / rmsnorm;
-// Triton version: kernels/triton_norm.py).
+// Triton version: kernels/triton/triton_norm.py).
 //
 // One block per row. The skip flag is a device byte read by the kernel, so a captured launch sequence serves every
 // skip set: when set, the sublayer's delta is ignored and the residual passes through.

@@ -1,4 +1,4 @@
-// CUDA KV commit (twin: swiftk.runtime.ops.reference.kv_commit; Triton version: kernels/triton_kv_commit.py).
+// CUDA KV commit (twin: swiftk.runtime.ops.reference.kv_commit; Triton version: kernels/triton/triton_kv_commit.py).
 //
 // One block per (layer, k|v, kv head) plane, all layers in one launch. For a chunk of head_dim columns the block
 // loads the n source rows into shared memory, synchronises, then writes the n destination rows. Each plane
