@@ -21,7 +21,8 @@ LAYERS = [
     ("decoding", ["swiftk.decoding"]),           # the round, session, tree, acceptance, costs, learned state
     ("engine", ["swiftk.methods", "swiftk.engine", "swiftk.api"]),
     ("serve", ["swiftk.serve"]),
-    ("plugins", ["swiftk.moa"]),                 # experimental methods: register themselves; the core never imports them
+    ("plugins", ["swiftk.moa", "swiftk.integrations"]),   # experimental methods, adapters to other engines:
+                                                           # they import the core, the core never imports them
     ("front", ["swiftk.cli", "swiftk"]),         # the CLI and the package's lazy public names
 ]
 LAYER_OF = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}

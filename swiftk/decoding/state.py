@@ -20,11 +20,15 @@ from ..atomic import write_json_atomic
 from ..runtime.config import OptimizerConfig
 from ..errors import SwiftkError, warn
 from ..files import read_json
+from ..home import swiftk_home
 from ..proposers.suffix import OutputHistory
 from ..proposers.layerskip.search import SkipSetOptimizer
 from ..proposers.base import Estimates, calibration_bin, new_calibration  # noqa: F401
+from ..proposers.recycle import SuccessorTable
 
 STATE_VERSION = 3
+
+
 @dataclass
 class GateMemory:
     """How recent model-drafting rounds paid (costs.Gate writes it, nothing else does): an EMA of their speed in
@@ -77,8 +81,6 @@ class LearnedState:
 
     def successors(self, vocab: int):
         """Token Recycling's successor table for a ``vocab``-token model (made at first use; in memory only)."""
-        from ..proposers.recycle import SuccessorTable
-
         if self._successors is None or self._successors.table.shape[0] != vocab:
             self._successors = SuccessorTable(vocab)
         return self._successors
@@ -148,8 +150,6 @@ def state_file(identity: dict, device, dtype, weights, activations=None) -> Path
     import hashlib
 
     import torch
-
-    from ..home import swiftk_home
 
     fp = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:12]
     name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(identity.get("name") or "model"))

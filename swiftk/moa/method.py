@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..decoding.costs import ema
 from ..errors import SwiftkError
+from ..home import swiftk_home
 from ..methods import Method
 from ..proposers.layerskip.draft import ModelDrafter
 from .runner import MoARunner, moa_draft
@@ -13,8 +14,6 @@ from .runner import MoARunner, moa_draft
 
 def trained_drafter_path(engine) -> Path:
     """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
-    from ..home import swiftk_home
-
     name = str(engine.identity.get("name") or "model")
     fp = str(engine.identity.get("fingerprint") or "")[:12]
     return swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"

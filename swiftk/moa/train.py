@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SwiftkError
+from ..home import swiftk_home
 from ..runtime.ops import reference as R
 from .model import MoAConfig, MoADrafter, rms, save
 
@@ -193,7 +194,6 @@ def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: floa
 
 def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
            drafter_options) -> dict:
-    from ..home import swiftk_home
     from ..proposers.draft_head import frequent_token_ids
     from .data import load_features
 

@@ -27,8 +27,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..atomic import write_atomic
 from ..errors import SwiftkError, warn
 from ..files import regular_file
+from ..home import swiftk_home
 from .stdlib import stdlib_docs
 
 MAX_N = 3
@@ -134,8 +136,6 @@ class Datastore:
 
     # ---- persistence
     def save(self, path: Path) -> None:
-        from ..atomic import write_atomic
-
         arrays = {f"{name}{n}": a for n, t in self.tables.items() for name, a in zip(("keys", "tok", "cnt", "tot"), t)}
         arrays["format"] = np.array([FORMAT, MAX_N, BITS], dtype=np.int64)
 
@@ -179,8 +179,6 @@ _lock = threading.Lock()
 
 
 def _table_path(fingerprint: str, max_tokens: int) -> Path:
-    from ..home import swiftk_home
-
     tag = hashlib.sha256(f"{fingerprint}|{sys.version_info[:2]}|{sysconfig.get_paths()['stdlib']}|{max_tokens}|"
                          f"{FORMAT}|{MAX_N}|{MIN_COUNT}".encode()).hexdigest()[:16]
     return Path(swiftk_home()) / "datastore" / f"stdlib-{tag}.npz"

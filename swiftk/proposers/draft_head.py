@@ -191,8 +191,6 @@ def engine_draft_head(engine, size: int):
     if not 0 < size < engine.config.vocab_size // 2:
         return None
     def make():
-        from ..home import swiftk_home
-
         base = frequent_token_ids(engine.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
                                   model_name=str(engine.identity.get("name") or "model"))
         return len(base), DraftHead(engine.model.lm_head, base.to(engine.device), len(base) + engine.max_context + 64)

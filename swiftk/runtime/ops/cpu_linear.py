@@ -30,6 +30,7 @@ import torch
 from swiftk.atomic import write_json_atomic
 from swiftk.errors import SwiftkError, warn
 from swiftk.files import read_bytes, read_json
+from swiftk.home import swiftk_home
 
 MAX_LIBRARY_BYTES = 64 << 20   # the built libraries are ~0.1-1 MB
 
@@ -74,8 +75,6 @@ def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_l
     """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
     ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
     kernels/cpu/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
-    from swiftk.home import swiftk_home
-
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     units = [src, *(source_path(name) for name in sources)]
     texts = [u.read_text() for u in units] + [source_path(name).read_text() for name in includes]
