@@ -1,7 +1,7 @@
 """swiftk packaging.
 
-Pure-Python install by default. The CUDA extension ``swiftk._C`` (kernels/*.cu + csrc/) is built with CMake only when
-a CUDA toolchain is present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
+Pure-Python install by default. The CUDA extension ``swiftk._C`` (kernels/cuda/*.cu + csrc/) is built with CMake
+only when a CUDA toolchain is present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
 """
 import os
 import shutil
@@ -41,7 +41,7 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
-    """Builds swiftk._C (kernels/*.cu + csrc/) with CMakeLists.txt; needs cmake, nvcc and pybind11."""
+    """Builds swiftk._C (kernels/cuda/*.cu + csrc/) with CMakeLists.txt; needs cmake, nvcc and pybind11."""
 
     def build_extension(self, ext):
         if not isinstance(ext, CMakeExtension):
@@ -69,7 +69,7 @@ class CMakeBuild(build_ext):
 
 _CUDA_MODE = _cuda_build_mode()
 
-packages = find_packages(include=["swiftk", "swiftk.*"]) + ["swiftk.kernels"]
+packages = find_packages(include=["swiftk", "swiftk.*"]) + ["swiftk.kernels", "swiftk.kernels.triton"]
 
 setup(
     name="swiftk",
@@ -79,7 +79,8 @@ setup(
     packages=packages,
     # Triton kernels and CUDA sources live in the top-level kernels/ folder; import them as swiftk.kernels.
     package_dir={"swiftk.kernels": "kernels"},
-    package_data={"swiftk.kernels": ["*.cu", "*.cuh", "*.cpp", "*.h"], "swiftk.moa": ["drafters/*.safetensors"]},
+    package_data={"swiftk.kernels": ["cpu/*.cpp", "cpu/*.h", "cuda/*.cu", "cuda/*.cuh"],
+                  "swiftk.moa": ["drafters/*.safetensors"]},
     install_requires=[
         "torch>=2.4",
         "numpy",

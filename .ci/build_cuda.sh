@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile and link the CUDA kernels (kernels/*.cu) and host code (csrc/) for sm_80 and sm_90 with nvcc via CMake,
+# Compile and link the CUDA kernels (kernels/cuda/*.cu) and host code (csrc/) for sm_80 and sm_90 with nvcc via CMake,
 # so a broken CUDA source fails CI. No GPU needed; nothing is run.
 # Env: PYTHON (default: the python3 on PATH, i.e. the active venv), BUILD_DIR (default build/cuda-ci),
 #      CUDA_ARCHS (default "80;90"), JOBS (default nproc).
@@ -24,6 +24,6 @@ echo "build_cuda.sh: built $(ls "$BUILD_DIR"/_C*.so "$BUILD_DIR"/libswiftk.so 2>
 # Triton kernels: compile to sm_80/sm_90 cubins without a GPU (the CPU interpreter tests cannot catch compile
 # errors). SWIFTK_TRITON_AOT=0 skips this step.
 if [ "${SWIFTK_TRITON_AOT:-1}" != "0" ]; then
-  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 "$PYTHON" -m kernels.aot_check
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TRITON_INTERPRET=0 "$PYTHON" -m kernels.triton.aot_check
 fi
 echo "build_cuda.sh: done in $(( $(date +%s) - start ))s"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swiftk.config import ModelConfig
+from swiftk.runtime.config import ModelConfig
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -50,15 +50,15 @@ WINDOW = 32       # matchness context window (paper default)
 
 def backend_ops(name: str) -> SimpleNamespace:
     """Op namespace for one backend on DEVICE, or pytest.skip with the reason it cannot run here."""
-    from swiftk.ops import reference
+    from swiftk.runtime.ops import reference
 
-    from swiftk.ops import OP_NAMES
+    from swiftk.runtime.ops import OP_NAMES
 
     impl = {n: getattr(reference, n) for n in OP_NAMES}
     chosen = {n: "torch" for n in OP_NAMES}  # the runtime reads ops.backends (e.g. to pick the tree-mask path)
 
     def ns(label, extra=None, which=None):
-        from swiftk.ops import namespace
+        from swiftk.runtime.ops import namespace
 
         impl.update(extra or {})
         chosen.update({n: which for n in (extra or {})})
@@ -68,16 +68,16 @@ def backend_ops(name: str) -> SimpleNamespace:
         return ns("torch")
     if DEVICE.type != "cuda":
         pytest.skip(f"{name}: no CUDA device (the Triton interpreter on CPU is far too slow to benchmark)")
-    from swiftk.ops import triton_ops
+    from swiftk.runtime.ops import triton_ops
 
     ok, why = triton_ops.available()
     if name == "triton":
         if not ok:
             pytest.skip(f"triton unusable: {why}")
         return ns("triton", triton_ops.ops(), "triton")
-    from swiftk.ops import cuda_ops, cupy_ops
+    from swiftk.runtime.ops import cuda_ops, cupy_ops
 
-    if name == "cupy":   # the same kernels/*.cu through NVRTC
+    if name == "cupy":   # the same kernels/cuda/*.cu through NVRTC
         ok_c, why_c = cupy_ops.available()
         ext = cupy_ops.extension() if ok_c else None
     else:
@@ -125,7 +125,7 @@ def get_model(shape: str, n_layers=None):
     """A random-weight Model (cached per shape/layer count; big shapes are slow to build)."""
     from dataclasses import replace
 
-    from swiftk.model import Model
+    from swiftk.runtime.model import Model
 
     key = (shape, n_layers)
     if key not in _models:

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
     eng.corpus(wait=True)   # every arm drafts from the same sources; no build runs beside a timing
-    from swiftk.registry import resolve_model
+    from swiftk.loading.registry import resolve_model
 
     gguf = resolve_model(a.model)
     peers, why = {}, "--no-llamacpp"

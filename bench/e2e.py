@@ -23,7 +23,7 @@ SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``gen
 
 Other swiftk drafting modes: ``swiftk-ee<E>`` = early-exit draft (layers 0..E-1 + LM head) with the KVQ cache
 (``swiftk-ee`` expands to one per ``--early-exit`` layer, like ``hf-ee``); ``swiftk-ngram`` = method "ngram" (prompt
-lookup plus the corpus n-grams of swiftk/datastore.py), ``swiftk-pld`` = the same with the corpus off (prompt lookup
+lookup plus the corpus n-grams of swiftk/proposers/datastore.py), ``swiftk-pld`` = the same with the corpus off (prompt lookup
 alone inside swiftk). Every swiftk arm but autoregressive owns a learned state, fresh at the start of each workload:
 an arm's earlier outputs draft for its later prompts (as in a user's session), never for another arm's, and no
 state sees a measured prompt before it is measured.
@@ -151,7 +151,7 @@ def first_diff(a, b):
 def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None):
     """(swiftk engine, HF model or None, why-HF-is-missing). HF loads the same GGUF file swiftk reads."""
     import swiftk
-    from swiftk.registry import resolve_model
+    from swiftk.loading.registry import resolve_model
 
     # cold: no state from earlier runs; trace: the per-round lists the tables and plots read
     eng = swiftk.load(model, device=device, dtype=dtype, persist=False, trace=True, weights=weights)

@@ -30,14 +30,14 @@ def main(argv=None) -> int:
     set_threads(a.threads)
 
     import swiftk
-    from swiftk.drafter import draft
-    from swiftk.config import DecodeConfig
-    from swiftk.costs import Gate
-    from swiftk.generate import Sampler, SamplingParams
-    from swiftk.state import GateMemory
-    from swiftk.decode import verify
-    from swiftk.skipset import kvq_boundary
-    from swiftk.tree import GREEDY_TOPK, build_tree
+    from swiftk.proposers.draft_loop import draft
+    from swiftk.runtime.config import DecodeConfig
+    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.sampler import Sampler, SamplingParams
+    from swiftk.decoding.state import GateMemory
+    from swiftk.decoding.loop import verify
+    from swiftk.runtime.skipset import kvq_boundary
+    from swiftk.decoding.tree import GREEDY_TOPK, build_tree
 
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
     m, cache, dev = eng.model, eng.cache, eng.device

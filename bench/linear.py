@@ -2,7 +2,7 @@
 
     python -m bench.linear --model smollm2-135m --repeats 10
 
-``swiftk.model.linear`` computes (W @ x.T).T on CPU for T >= 2. This swaps the module's ``linear`` for the plain
+``swiftk.runtime.model.linear`` computes (W @ x.T).T on CPU for T >= 2. This swaps the module's ``linear`` for the plain
 form and back, interleaved per T, after a 200-token prefill; prints the median forward time of each form, their
 ratio, and each one's cost in decode steps (T = 1 of the same form).
 """
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     set_threads(a.threads)
 
     import swiftk
-    import swiftk.model as M
+    import swiftk.runtime.model as M
 
     eng = swiftk.load(a.model, device="cpu", dtype="float32")
     m, cache = eng.model, eng.cache

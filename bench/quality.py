@@ -4,7 +4,7 @@ perplexity of both, teacher-forced on held-out text, per model.
     python -m bench.quality --model smollm2-135m [--positions 2000]
 
 Both engines load the same GGUF file (``weights="native"``): ``activations="int8"`` (the CPU default,
-kernels/cpu_qdot.cpp) against ``activations="float32"`` (kernels/cpu_quant.cpp: exactly the de-quantized model).
+kernels/cpu/cpu_qdot.cpp) against ``activations="float32"`` (kernels/cpu/cpu_quant.cpp: exactly the de-quantized model).
 Texts, none of them used to build or tune the drafts: ``code``, HumanEval's prompt + canonical solution from problem
 100 on; ``chat``, MT-Bench's questions (both turns) through the model's chat template, from the last question of
 each category backwards. Each text runs in passes of up to 64 tokens after the ones before it (the passes a verify
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     import swiftk
-    from swiftk.ops import cpu_quant
+    from swiftk.runtime.ops import cpu_quant
 
     if a.threads:
         torch.set_num_threads(a.threads)

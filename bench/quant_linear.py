@@ -1,4 +1,4 @@
-"""Block-quant matmul (kernels/cpu_quant.cpp) against the float32 kernel (kernels/cpu_linear.cpp) on the same
+"""Block-quant matmul (kernels/cpu/cpu_quant.cpp) against the float32 kernel (kernels/cpu/cpu_linear.cpp) on the same
 weights dequantized: y = x @ W.T for a few decoder shapes at M = 1 and 8 rows.
 
     python -m bench.quant_linear --repeats 20
@@ -24,7 +24,7 @@ F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": 
 
 
 def _random_blocks(name: str, N: int, K: int, rng) -> torch.Tensor:
-    from swiftk.ops import cpu_quant
+    from swiftk.runtime.ops import cpu_quant
 
     t = cpu_quant.TYPES[name]
     bs, ts = cpu_quant.block_size(t), cpu_quant.type_size(t)
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    from swiftk.ops import cpu_linear, cpu_quant
+    from swiftk.runtime.ops import cpu_linear, cpu_quant
 
     if not (cpu_quant.available() and cpu_linear.available()):
         print(f"# kernels unavailable: quant {cpu_quant.status()}; linear {cpu_linear.status()}")

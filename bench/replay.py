@@ -69,8 +69,8 @@ def outputs(eng, items: list, max_new: int, cache_dir: Path) -> list:
 
 def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repeats: int = 7) -> dict:
     """Seconds of a verify pass over T tokens (a chain) after ``context`` committed tokens, median of ``repeats``."""
-    from swiftk.decode import verify
-    from swiftk.tree import Chain, build_tree
+    from swiftk.decoding.loop import verify
+    from swiftk.decoding.tree import Chain, build_tree
 
     model, cache = eng.model, eng.cache
     ids = list(range(100, 100 + context))
@@ -95,7 +95,7 @@ def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repe
 
 
 def cost_model(eng, table: dict):
-    from swiftk.costs import CostModel
+    from swiftk.decoding.costs import CostModel
 
     cm = CostModel(eng.model)   # observed now (not loaded from a file): fully believed
     cm.observe_step(table[1])
@@ -111,7 +111,7 @@ class Ours:
     requests (carried estimates, session history, the successor table)."""
 
     def __init__(self, eng, options: dict):
-        from swiftk.config import DecodeConfig, updated
+        from swiftk.runtime.config import DecodeConfig, updated
 
         self.eng, self.cfg = eng, updated(DecodeConfig(), options)
         self.state = eng.new_state()
@@ -124,7 +124,7 @@ class Ours:
         self.owners = {s.name: s for s in self.sources}
 
     def propose(self, ctx) -> list:
-        from swiftk.decode import as_chains
+        from swiftk.decoding.loop import as_chains
 
         return [c for src in self.sources for c in as_chains(src.propose(ctx))]
 
@@ -150,7 +150,7 @@ class External:
         self.obj.begin(list(prompt))
 
     def propose(self, ctx) -> list:
-        from swiftk.tree import Chain
+        from swiftk.decoding.tree import Chain
 
         return [Chain(list(c), [0.99] * len(c), "draft_ext") for c in self.obj.propose(list(ctx.tokens), self.budget)
                 if c]
@@ -166,11 +166,11 @@ class External:
 def replay(drafter, rows: list, costs, budget: int = 0) -> dict:
     """Replays ``rows`` through ``drafter``; ``budget`` 0: the gate sizes each tree (as generate does), else every
     tree keeps its ``budget`` likeliest nodes. Returns totals and predicted speed."""
-    from swiftk.config import DecodeConfig
-    from swiftk.costs import Gate
+    from swiftk.runtime.config import DecodeConfig
+    from swiftk.decoding.costs import Gate
     from swiftk.proposers.base import Context
-    from swiftk.state import GateMemory
-    from swiftk.tree import build_tree
+    from swiftk.decoding.state import GateMemory
+    from swiftk.decoding.tree import build_tree
 
     cfg = DecodeConfig()
     step = costs.step

@@ -3,15 +3,15 @@
     python -m bench.runtime --model smollm2-135m --prompts 4 --max-new-tokens 64
 
 Configurations (one process, measurements interleaved so machine noise hits them alike):
-- ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
+- ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
 - ``linear-fp32``: float32 weights, swiftk's CPU matmul kernel, the other ops of each layer one by one in torch
-  (the runtime before kernels/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
-- ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu_decode.cpp) with swiftk's CPU matmul
+  (the runtime before kernels/cpu/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
+- ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu/cpu_decode.cpp) with swiftk's CPU matmul
   kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
 - ``kernel-native-f32``: ``weights="native", activations="float32"``: the GGUF file's own blocks with float32
-  activations (kernels/cpu_quant.cpp in the fused loop), the exact de-quantized model
-- ``kernel-native``: the default for a quantized GGUF file: its blocks with int8 activations (kernels/cpu_qdot.cpp),
+  activations (kernels/cpu/cpu_quant.cpp in the fused loop), the exact de-quantized model
+- ``kernel-native``: the default for a quantized GGUF file: its blocks with int8 activations (kernels/cpu/cpu_qdot.cpp),
   integer dot products as llama.cpp computes
 
 Part 1, pass costs: a decode step (ms, and weight bytes / step time against the measured read bandwidth = roofline
@@ -48,7 +48,7 @@ ACTS = {"kernel-native-f32": "float32", "kernel-native": "int8"}
 
 def use(config: str) -> None:
     """Switch this process's CPU paths to ``config``'s (the three float32 configurations share one engine)."""
-    from swiftk.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_linear
 
     cpu_linear.set_enabled(config != "torch-fp32")
     cpu_linear.set_fused(config not in ("torch-fp32", "linear-fp32"))
@@ -70,7 +70,7 @@ def _time(f) -> float:
 
 def draft_skip(model, share: float = 0.45) -> torch.Tensor:
     """A fixed draft: every other eligible sublayer from the middle out until ``share`` of all are skipped."""
-    from swiftk import skipset
+    from swiftk.runtime import skipset
 
     n = model.cfg.n_sublayers
     elig = list(skipset.eligible(model.cfg.n_layers))
@@ -84,7 +84,7 @@ def draft_skip(model, share: float = 0.45) -> torch.Tensor:
 
 
 def pass_costs(engines: dict, reps: int, verify=(4, 8, 16)) -> dict:
-    from swiftk.model import nbytes
+    from swiftk.runtime.model import nbytes
 
     out = {c: {} for c in engines}
     skip = draft_skip(next(iter(engines.values())).model)
@@ -98,7 +98,7 @@ def pass_costs(engines: dict, reps: int, verify=(4, 8, 16)) -> dict:
         cache.advance(ctx)
         use("kernel-fp32")
     # the reduced-vocabulary draft head as generate builds it (DecodeConfig.draft_vocab frequent tokens + context)
-    from swiftk.config import DecodeConfig
+    from swiftk.runtime.config import DecodeConfig
 
     heads = {}
     for c, eng in engines.items():
@@ -174,8 +174,8 @@ def main(argv=None) -> int:
     if bad or not configs or a.prompts < 1 or a.max_new_tokens < 1 or a.reps < 2:
         ap.error(f"--configs from {', '.join(CONFIGS)}; --prompts/--max-new-tokens >= 1, --reps >= 2")
     import swiftk
-    from swiftk.ops import cpu_linear
-    from swiftk.registry import resolve_model
+    from swiftk.runtime.ops import cpu_linear
+    from swiftk.loading.registry import resolve_model
 
     try:
         threads = set_threads(a.threads)
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
                    for c in configs}   # the float32 configurations share one engine
         for eng in {id(e): e for e in engines.values()}.values():
             eng.corpus(wait=True)   # no corpus build runs beside a timing
-        from swiftk import model as model_mod
+        from swiftk.runtime import model as model_mod
 
         model_mod.choose_cpu_linear_forms(base.model.layers[0].w_gate_up)   # torch-fp32's product forms
         items = build_prompts(base, [a.workload], a.prompts, a.prompts)[a.workload]

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
              f"`python -m bench.serve --model {a.model} --n {a.n} --max-new-tokens {a.max_new_tokens}`", "",
              "| method | in-process tok/s | server tok/s | server / in-process | first token in-process (ms) | "
              "first token server (ms) |", "|---|---|---|---|---|---|"]
-    path = swiftk.registry.resolve_model(a.model) if a.model in swiftk.registry.MODELS else a.model
+    path = swiftk.loading.registry.resolve_model(a.model) if a.model in swiftk.loading.registry.MODELS else a.model
     for method in ("autoregressive", "swift"):
         srv = Live(path, "--method", method)
         try:

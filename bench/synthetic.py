@@ -40,8 +40,8 @@ def _blocks(rng, rows: int, cols: int, name: str) -> np.ndarray:
 def write(path: Path) -> None:
     import gguf
 
-    from swiftk.gguf_file import read_gguf
-    from swiftk.registry import pull
+    from swiftk.loading.gguf import read_gguf
+    from swiftk.loading.registry import pull
 
     src = read_gguf(pull("smollm2-135m", progress=False)).metadata
     rng = np.random.default_rng(0)

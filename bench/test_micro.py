@@ -67,7 +67,7 @@ def test_fused_add_rmsnorm(benchmark, ops, shape, T):
 
 @pytest.mark.parametrize("T", [1, TREE])
 def test_rope(benchmark, ops, shape, T):
-    from swiftk.config import rope_inv_freq
+    from swiftk.runtime.config import rope_inv_freq
 
     c = SHAPES[shape]
     x = _rand(T, c.n_heads, c.head_dim)
@@ -87,7 +87,7 @@ def test_attention_decode(benchmark, ops, shape):
 
 
 def test_attention_tree(benchmark, ops, shape):
-    from swiftk.ops.reference import pack_tree_mask
+    from swiftk.runtime.ops.reference import pack_tree_mask
 
     c = SHAPES[shape]
     q = _rand(TREE, c.n_heads, c.head_dim)
@@ -150,8 +150,8 @@ def test_draft_step(benchmark, ops, shape):
 
 def test_verify_pass(benchmark, ops, shape):
     """One verify pass over a TREE-node token tree (tree attention mask) after CONTEXT tokens."""
-    from swiftk.model import TreeMask
-    from swiftk.ops.reference import pack_tree_mask
+    from swiftk.runtime.model import TreeMask
+    from swiftk.runtime.ops.reference import pack_tree_mask
 
     m, cache = _model(shape, ops)
     anc = _chain_and_siblings(TREE)
@@ -165,7 +165,7 @@ def test_verify_pass(benchmark, ops, shape):
 
 def test_optimization_step(benchmark, ops, shape):
     """One optimization step's cost: the teacher-forced matchness forward over the last WINDOW tokens."""
-    from swiftk.drafter import matchness
+    from swiftk.proposers.draft_loop import matchness
 
     m, cache = _model(shape, ops)
     skip = skip_set_for(m.cfg)
@@ -190,7 +190,7 @@ def test_quant_linear(benchmark, fmt, rows, act):
     import numpy as np
 
     from bench.quant_linear import _random_blocks
-    from swiftk.ops import cpu_quant
+    from swiftk.runtime.ops import cpu_quant
 
     if not cpu_quant.available():
         pytest.skip(cpu_quant.status())

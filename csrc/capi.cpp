@@ -1,4 +1,4 @@
-// C ABI (csrc/include/swiftk.h): argument checks, then the launchers in kernels/*.cu.
+// C ABI (csrc/include/swiftk.h): argument checks, then the launchers in kernels/cuda/*.cu.
 #include "swiftk.h"
 
 #include <cstdio>

@@ -10,12 +10,13 @@ import sys
 import types
 
 from .errors import SwiftkError
-from .registry import DEFAULT_MODEL, MODELS, pull
+from .loading.registry import DEFAULT_MODEL, MODELS, pull
 
 # The rest import torch (~4 s): loaded on first use, so `swiftk --help` is quick and the CLI owns Ctrl-C from its
 # first line on (its entry point imports this package before it can catch anything).
-_LAZY = {"load": "api", "generate": "api", "Engine": "engine", "GenerationResult": "generate",
-         "DecodeConfig": "config", "OptimizerConfig": "config", "LearnedState": "state", "SkipSetState": "state"}
+_LAZY = {"load": "api", "generate": "api", "Engine": "engine", "GenerationResult": "decoding.output",
+         "DecodeConfig": "runtime.config", "OptimizerConfig": "runtime.config", "LearnedState": "decoding.state",
+         "SkipSetState": "decoding.state"}
 
 __version__ = "0.1.0"
 __all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "DecodeConfig", "OptimizerConfig",

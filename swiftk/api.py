@@ -7,8 +7,8 @@ import torch
 
 from .engine import Engine
 from .errors import SwiftkError
-from .registry import DEFAULT_MODEL, resolve_model
-from .model import check_device_dtype, resolve_device, resolve_dtype
+from .loading.registry import DEFAULT_MODEL, resolve_model
+from .runtime.model import check_device_dtype, resolve_device, resolve_dtype
 
 _engines: dict = {}
 _lock = threading.Lock()
@@ -22,13 +22,13 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
     (CPU float32 on a block-quantized GGUF file: "native", else "float32"), "native" (the GGUF file's blocks,
     memory = file size), "float32" (every weight converted to ``dtype``), "bfloat16" or "int8" (CPU formats of
-    swiftk's matmul kernel, float32 activations; a rounded target model, see swiftk.model.Model);
+    swiftk's matmul kernel, float32 activations; a rounded target model, see swiftk.runtime.model.Model);
     ``activations`` (native weights only): "int8" (the default there: activation rows quantized to int8 per block,
-    integer dot products, as llama.cpp computes; kernels/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
-    kernels/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
+    integer dot products, as llama.cpp computes; kernels/cpu/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
+    kernels/cpu/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
     ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
-    the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/graphs.py)."""
-    from .loaders import load_checkpoint
+    the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/runtime/graphs.py)."""
+    from .loading.loaders import load_checkpoint
 
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
@@ -51,7 +51,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
 
 def _check_activations(activations, weights) -> None:
     """Before any download or load: the value, and that the weights can take it."""
-    from .ops.cpu_quant import ACTIVATIONS
+    from .runtime.ops.cpu_quant import ACTIVATIONS
 
     if activations is None:
         return
@@ -67,12 +67,12 @@ def resolve_weights(weights, device, dtype):
     float32 activations when the block kernel builds, else the float32 path (None); "float32" -> None. Native is
     the default because it decodes faster (bench.runtime: 1.9x the float32 path on SmolLM2-135M) and is the same
     model up to float32 summation order."""
-    from .model import WEIGHT_FORMATS
+    from .runtime.model import WEIGHT_FORMATS
 
     if weights is not None and weights not in WEIGHT_FORMATS + ("float32",):
         raise SwiftkError(f"weights={weights!r}: use one of None, float32, {', '.join(WEIGHT_FORMATS)}")
     if weights is None and device.type == "cpu" and dtype == torch.float32:
-        from .ops import cpu_linear, cpu_quant
+        from .runtime.ops import cpu_linear, cpu_quant
 
         if cpu_linear.active() and cpu_quant.available():
             return "auto"
@@ -96,7 +96,7 @@ def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str
 
 
 def _registry_names():
-    from .registry import MODELS
+    from .loading.registry import MODELS
 
     return MODELS
 

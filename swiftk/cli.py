@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import SwiftkError
 from .files import check_output_path
-from .registry import DEFAULT_MODEL, MODELS
+from .loading.registry import DEFAULT_MODEL, MODELS
 
 
 def _common(p):
@@ -217,7 +217,7 @@ def _generate(a) -> int:
 
 def _optimize(a) -> int:
     import swiftk
-    from .selfsd import OfflineSearch, read_prompts
+    from .proposers.layerskip.offline import OfflineSearch, read_prompts
 
     prompts = read_prompts(a.prompts)
     state = a.state or (a.out + ".state.json")
@@ -265,7 +265,7 @@ def _train_drafter(a) -> int:
 
 
 def _pull(a) -> int:
-    from .registry import pull
+    from .loading.registry import pull
 
     path = pull(a.name, progress=True, force=a.force, verify=a.verify)
     _build_corpus(path)
@@ -278,9 +278,9 @@ def _build_corpus(path) -> None:
     and a short first call would not profit from them)."""
     import time
 
-    from .datastore import cached_stdlib_datastore, corpus_fingerprint, stdlib_datastore
-    from .gguf_file import read_gguf
-    from .tokenizer import Tokenizer
+    from .proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, stdlib_datastore
+    from .loading.gguf import read_gguf
+    from .loading.tokenizer import Tokenizer
 
     try:
         meta = read_gguf(path).metadata
@@ -331,7 +331,8 @@ def _serve(a) -> int:
 
 def _info(a) -> int:
     import swiftk
-    from .registry import model_info, swiftk_home
+    from .home import swiftk_home
+    from .loading.registry import model_info
 
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)

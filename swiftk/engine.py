@@ -2,7 +2,7 @@
 built once (draft head, corpus tables, trained drafters).
 
 One call of :meth:`Engine.generate` holds the engine's lock (two threads calling it serialize; the KV cache has one
-owner at a time), validates every option before any work, and hands the decode round (decode.py) a Session, the
+owner at a time), validates every option before any work, and hands the decode round (decoding/loop.py) a Session, the
 method's drafter and the free sources. Methods are objects (methods.py): no method has a branch here.
 """
 from __future__ import annotations
@@ -16,41 +16,28 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from . import methods, skipset
-from .config import DecodeConfig, OptimizerConfig, option_names, updated
-from .costs import CostModel, Gate
-from .decode import speculative_decode
+from . import methods
+from .runtime import skipset
+from .runtime.config import DecodeConfig, OptimizerConfig, option_names, updated
+from .decoding.costs import CostModel, Gate
+from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .generate import (GenerationResult, Sampler, SamplingParams, TokenSink, autoregressive, check_lengths, rate,
-                       stream_pieces)
-from .model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
+from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, stream_pieces
+from .decoding.passes import autoregressive
+from .decoding.sampler import Sampler, SamplingParams
+from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .proposers import FREE, free_sources
+from .proposers.datastore import EngineCorpus
 from .proposers.user import check_proposers
-from .session import Session
-from .state import LearnedState, load_persisted, state_file
+from .decoding.session import Session
+from .decoding.state import LearnedState, load_persisted, state_file
 
 # slots reserved past the context for the draft / matchness / verify scratch region (context_window <= 120,
 # trees <= 64 nodes)
 _SCRATCH = 128
 _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
-
-
-class _Background(threading.Thread):
-    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
-
-    def __init__(self, make: Callable):
-        super().__init__(daemon=True, name="swiftk-corpus")
-        self._make, self.result = make, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        self.result = self._make()
 
 
 def split_options(kw: dict) -> tuple:
@@ -62,7 +49,7 @@ def split_options(kw: dict) -> tuple:
     return ({k: v for k, v in kw.items() if k in _DECODE_OPTS}, {k: v for k, v in kw.items() if k in _OPT_OPTS})
 
 
-class Engine:
+class Engine(EngineCorpus):
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
                  drafter=None,
@@ -350,60 +337,11 @@ class Engine:
         with self._lock:
             self._resources[name] = value
 
-    def corpus(self, wait: bool = False):
-        """The corpus n-gram tables the "datastore" source drafts from (swiftk/datastore.py): unless
-        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
-        built yet are built in the background (started at load, at low priority); until they are ready this returns
-        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
-        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
-        got = self.resource("corpus")
-        if got is not None:
-            return got
-        job = self._corpus_job or self._start_corpus()
-        if job is None:   # found in the cache
-            return self.resource("corpus")
-        if wait:
-            job.join()
-        if job.is_alive():
-            from .datastore import Datastore
-
-            return Datastore.build([])
-        ds, problem = job.result
-
-        def ready():
-            if problem:
-                warn(problem)   # once, in the caller's thread
-            return ds
-
-        return self.resource("corpus", ready)
-
-    def _start_corpus(self):
-        """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
-        priority (returns it)."""
-        from .datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
-
-        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
-        if ds is not None and ds.max_token() < self.config.vocab_size:
-            self.set_resource("corpus", ds)
-            return None
-        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
-        return self._corpus_job
-
-    def use_corpus(self, datastore) -> None:
-        """Draft corpus n-grams from ``datastore`` (``swiftk.datastore.Datastore.build(token_ids)``)."""
-        from .datastore import Datastore
-
-        if not isinstance(datastore, Datastore):
-            raise SwiftkError(f"use_corpus takes a swiftk.datastore.Datastore, got {type(datastore).__name__}")
-        if datastore.max_token() >= self.config.vocab_size:
-            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
-        self.set_resource("corpus", datastore)
-
     def draft_head(self, size: int):
-        """The reduced-vocabulary draft head (vocab.DraftHead: the ``size`` most frequent tokens; the drafter adds
-        every token of the context), reset for a new call; None when a subset would not be much smaller than the
-        vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
-        from .vocab import engine_draft_head
+        """The reduced-vocabulary draft head (proposers.draft_head.DraftHead: the ``size`` most frequent tokens; the
+        drafter adds every token of the context), reset for a new call; None when a subset would not be much smaller
+        than the vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
+        from .proposers.draft_head import engine_draft_head
 
         return engine_draft_head(self, size)
 
@@ -434,7 +372,7 @@ class Engine:
                                       torch.arange(T, device=dev), self.cache)
 
     def info(self) -> dict:
-        from .ops import cpu_linear, describe
+        from .runtime.ops import cpu_linear, describe
 
         c, o = self.config, self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),
@@ -447,7 +385,7 @@ class Engine:
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
-                "layer_loop": (f"fused C loop (kernels/cpu_decode.cpp) for passes of <= {KERNEL_MAX_ROWS} tokens"
+                "layer_loop": (f"fused C loop (kernels/cpu/cpu_decode.cpp) for passes of <= {KERNEL_MAX_ROWS} tokens"
                                if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,

@@ -10,9 +10,9 @@ from typing import Optional
 
 import torch
 
-from . import skipset
+from .runtime import skipset
 from .errors import SwiftkError
-from .proposers.layerskip import LayerSkipDraft
+from .proposers.layerskip.draft import LayerSkipDraft
 
 
 class Method:

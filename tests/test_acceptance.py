@@ -1,10 +1,10 @@
-"""Tree acceptance rules (swiftk.acceptance): exact hand cases and statistical losslessness."""
+"""Tree acceptance rules (swiftk.decoding.acceptance): exact hand cases and statistical losslessness."""
 import math
 
 import pytest
 import torch
 
-from swiftk.acceptance import (
+from swiftk.decoding.acceptance import (
     _greedy_on_device,
     accept_greedy,
     accept_sampling,
@@ -14,7 +14,7 @@ from swiftk.acceptance import (
     validate_tree,
 )
 from swiftk.errors import SwiftkError
-from swiftk.sampling import sample_without_replacement
+from swiftk.runtime.sampling import sample_without_replacement
 
 
 def gen(seed=0):

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import swiftk
 from swiftk.errors import SwiftkError
-from swiftk.loaders import load_checkpoint
-from swiftk.selfsd import read_prompts
+from swiftk.loading.loaders import load_checkpoint
+from swiftk.proposers.layerskip.offline import read_prompts
 import test_bad_inputs as tb
 import test_loaders as tl
 
@@ -320,11 +320,13 @@ _READERS = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))   # /dev/zero read whole would pass this
 import torch
-from swiftk import files, selfsd, skipset
-from swiftk.datastore import Datastore
+from swiftk import files
+from swiftk.proposers.layerskip import offline as selfsd
+from swiftk.runtime import skipset
+from swiftk.proposers.datastore import Datastore
 from swiftk.errors import SwiftkError
 from swiftk.moa import model as moa_model
-from swiftk.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear
 path = sys.argv[1]
 calls = {"read_bytes": lambda: files.read_bytes(path), "read_text": lambda: files.read_text(path),
          "read_json": lambda: files.read_json(path), "skip set": lambda: skipset.read(path, {}, 4),
@@ -387,7 +389,7 @@ def test_gguf_metadata_of_the_wrong_type_is_named(tmp_path, monkeypatch):
 
 
 def test_cached_model_path_that_is_a_directory_is_named_before_any_download(tmp_path, monkeypatch):
-    from swiftk import registry
+    from swiftk.loading import registry
 
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
     monkeypatch.setattr(registry, "_download", lambda *a: pytest.fail("downloaded over a directory"))
@@ -430,7 +432,7 @@ def test_cli_ctrl_c_while_torch_imports_is_one_line(tmp_path):
 def test_corpus_table_with_zero_counts_is_rebuilt_with_a_warning(tmp_path, monkeypatch):
     import numpy as np
 
-    import swiftk.datastore as dsm
+    import swiftk.proposers.datastore as dsm
 
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
     good = dsm.Datastore.build([5, 6, 7, 5, 6, 7, 5, 6, 8])
@@ -445,7 +447,7 @@ def test_corpus_table_with_zero_counts_is_rebuilt_with_a_warning(tmp_path, monke
 
 
 def test_misspelt_skip_set_keys_are_refused(tmp_path, tiny4):
-    from swiftk import skipset
+    from swiftk.runtime import skipset
 
     eng = swiftk.load(str(tiny4), persist=False)
     with pytest.raises(SwiftkError, match="skip_set: unknown key\\(s\\) 'attn'"):
@@ -478,8 +480,8 @@ def test_server_fields_are_strict_alike(body, param):
 
 def test_package_names_survive_lazy_imports():
     """swiftk imports torch on first use; the function swiftk.generate keeps its name whichever submodule loads
-    first (swiftk/generate.py would shadow it)."""
-    code = ("import sys, swiftk\nassert 'torch' not in sys.modules\nfrom swiftk.generate import GenerationResult\n"
+    first (a submodule named generate would shadow it)."""
+    code = ("import sys, swiftk\nassert 'torch' not in sys.modules\nfrom swiftk.decoding.output import GenerationResult\n"
             "assert callable(swiftk.generate) and callable(swiftk.load) and swiftk.GenerationResult is GenerationResult"
             "\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,13 +13,13 @@ import gguf
 import pytest
 from safetensors.torch import save_file
 
-from swiftk import registry
+from swiftk.loading import registry
 from swiftk.cli import main as cli_main
 from swiftk.errors import SwiftkError
-from swiftk.loaders import load_checkpoint
-from swiftk.registry import ModelSpec, WheelPart
-from swiftk.sampling import validate_sampling_params
-from swiftk.tokenizer import Tokenizer
+from swiftk.loading.loaders import load_checkpoint
+from swiftk.loading.registry import ModelSpec, WheelPart
+from swiftk.runtime.sampling import validate_sampling_params
+from swiftk.loading.tokenizer import Tokenizer
 from test_loaders import D, H, I, KV, L, hf_tensors, tiny_vocab, write_tiny_gguf
 from test_registry import fake_env  # noqa: F401  (fixture)
 
@@ -85,7 +85,7 @@ def test_tiny_hf_dir_loads(tmp_path):
 # elements, ends in MemoryError (or the timeout) instead of a SwiftkError.
 _CHILD = r"""
 import json, resource, sys
-from swiftk.loaders import load_checkpoint
+from swiftk.loading.loaders import load_checkpoint
 vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))
 out = {}

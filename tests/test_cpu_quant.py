@@ -1,4 +1,4 @@
-"""kernels/cpu_quant.cpp: dequantization bit for bit gguf.quants.dequantize's, the block-quant matmul against torch
+"""kernels/cpu/cpu_quant.cpp: dequantization bit for bit gguf.quants.dequantize's, the block-quant matmul against torch
 on the dequantized weight, batch invariance, and bad operands raising SwiftkError."""
 import ctypes
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.ops import cpu_quant
+from swiftk.runtime.ops import cpu_quant
 
 gguf = pytest.importorskip("gguf")
 import gguf.quants as gq  # noqa: E402
@@ -143,7 +143,7 @@ def test_bad_operands_raise():
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])
 def test_other_paths(tmp_path, march):
     """The paths this host's -march=native build does not take: AVX2+FMA (haswell) and portable C++ (x86-64)."""
-    from swiftk.ops.cpu_linear import FLAGS, source_path
+    from swiftk.runtime.ops.cpu_linear import FLAGS, source_path
 
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:

@@ -1,9 +1,9 @@
-"""kernels/cpu_topk.cpp (swiftk.ops.cpu_linear.topk_rows) against torch: argmax exactly (first maximal index, NaN
+"""kernels/cpu/cpu_topk.cpp (swiftk.runtime.ops.cpu_linear.topk_rows) against torch: argmax exactly (first maximal index, NaN
 first), top-k as a stable sort by (value descending, index)."""
 import pytest
 import torch
 
-from swiftk.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="CPU kernels unavailable on this host")
 

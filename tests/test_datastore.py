@@ -1,12 +1,12 @@
-"""Corpus n-gram drafting (swiftk/datastore.py): the tables, their file, and their drafts in the decode loop."""
+"""Corpus n-gram drafting (swiftk/proposers/datastore.py): the tables, their file, and their drafts in the decode loop."""
 import numpy as np
 import pytest
 import torch
 
 import swiftk
-from swiftk.datastore import CONF_BINS, MAX_N, Datastore, bucket
+from swiftk.proposers.datastore import CONF_BINS, MAX_N, Datastore, bucket
 from swiftk.errors import SwiftkError
-from swiftk.tree import Chain, build_tree
+from swiftk.decoding.tree import Chain, build_tree
 
 NGRAM, DATASTORE = "ngram", "datastore"
 
@@ -66,7 +66,7 @@ def test_file_round_trip_and_corrupt_files(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         Datastore.load(p)
     # the cached stdlib tables: an unreadable file is rebuilt over, a good one read back
-    import swiftk.datastore as dsm
+    import swiftk.proposers.datastore as dsm
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
     a = dsm.stdlib_datastore(None, "fp", max_tokens=9)
@@ -133,7 +133,7 @@ def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(tiny_dir
     """A custom tokenizer that fails on the corpus, or maps it past the model's vocabulary: a warning from the
     background build, no corpus drafts, output unchanged (the datastore is an optional source, never a reason for
     generate to fail)."""
-    import swiftk.datastore as dsm
+    import swiftk.proposers.datastore as dsm
 
     monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp: None)
     monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
@@ -151,7 +151,7 @@ def test_no_call_waits_for_the_corpus_tables(tiny_dir, monkeypatch):
     them and does not wait; once built they are used."""
     import threading
 
-    import swiftk.datastore as dsm
+    import swiftk.proposers.datastore as dsm
 
     release = threading.Event()
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import swiftk
-import swiftk.decode as decode_mod
-import swiftk.proposers.layerskip as layerskip_mod
-from swiftk.config import DecodeConfig, OptimizerConfig
-from swiftk.costs import CostModel
+import swiftk.decoding.loop as decode_mod
+import swiftk.proposers.layerskip.draft as layerskip_mod
+from swiftk.runtime.config import DecodeConfig, OptimizerConfig
+from swiftk.decoding.costs import CostModel
 from swiftk.errors import SwiftkError
 
 PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
@@ -68,7 +68,7 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
                        recycle=False, **ALWAYS)
     assert out.token_ids == ref and out.stats.accepted_by_source["history"] == 0    # history=False
     assert out.stats.rounds == 0                                                    # no source left: plain steps
-    from swiftk.datastore import Datastore
+    from swiftk.proposers.datastore import Datastore
     eng.use_corpus(Datastore.build((eng.encode_prompt(PROMPT) + ref) * 2))   # a corpus that knows the answer
     on = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, recycle=False, **ALWAYS)
     off = eng.generate(PROMPT, max_new_tokens=40, method="ngram", ngram=False, history=False, recycle=False, datastore=False,
@@ -187,9 +187,9 @@ def test_gate_drafts_when_drafting_is_free(eng):
 def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(eng):
     """A verify pass must promise more than the cost model's error; two context misses at a key (a match length,
     a kind of continuation) stop it being verified on a CPU whose 2-token verify costs 1.3 steps."""
-    from swiftk.costs import Gate
+    from swiftk.decoding.costs import Gate
     from swiftk.proposers import ContextNgrams
-    from swiftk.state import GateMemory
+    from swiftk.decoding.state import GateMemory
 
     c = CostModel(eng.model)
     c.step, c.verify = 1.0, {2: 1.3}
@@ -222,7 +222,7 @@ def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
     """Verify costs are kept in decode steps, never above a measured larger pass, and a pessimistic estimate the
     gate stops choosing (so never re-measures) drifts back to the prior: a persisted v(4) of 3.8 steps once kept
     4-token trees off for good."""
-    from swiftk import costs as C
+    from swiftk.decoding import costs as C
 
     c = CostModel(eng.model)
     c.observe_step(0.02)
@@ -425,7 +425,7 @@ def test_search_budget_follows_what_it_has_found():
     """Half the budget for the first candidates, the full budget once a set is expected to pay; after the first
     candidates found none, half of it scaled by the square of how close the best set's acceptance came to the one
     that would pay, never below a fiftieth; the paper's matchness objective always gets the full budget."""
-    from swiftk.state import LearnedState
+    from swiftk.decoding.state import LearnedState
 
     class Costs:   # a set needs acceptance 0.6 to pay
         clock = 0
@@ -466,7 +466,7 @@ def test_break_even_acceptance_is_where_drafting_matches_plain(eng):
 def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
     """A chain is built only as deep as its cumulative estimate stays above the gate's floor, but never to nothing:
     the probes that let a low estimate notice text that started repeating verify a declined chain's first token."""
-    from swiftk.datastore import Datastore
+    from swiftk.proposers.datastore import Datastore
     from swiftk.proposers import useful
 
     assert useful(0.8, 25, 0.035) == 15 and 0.8 ** 15 >= 0.035 > 0.8 ** 16
@@ -482,8 +482,8 @@ def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
 def test_stats_report_the_prefill_apart(eng, monkeypatch, method):
     import importlib
 
-    G = importlib.import_module("swiftk.generate")   # the module (swiftk.generate the attribute is the function)
-    S = importlib.import_module("swiftk.session")
+    G = importlib.import_module("swiftk.decoding.passes")   # where prefill lives (the session imports it by name)
+    S = importlib.import_module("swiftk.decoding.session")
 
     def slow_prefill(*a, **kw):   # a prefill known to last >= 50 ms, whatever the machine
         time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""Backend dispatch (swiftk.ops): defaults, SWIFTK_BACKEND override, errors, describe(), per-op fallback."""
+"""Backend dispatch (swiftk.runtime.ops): defaults, SWIFTK_BACKEND override, errors, describe(), per-op fallback."""
 import os
 
 import torch
@@ -11,9 +11,9 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 
-import swiftk.ops as ops_mod  # noqa: E402
+import swiftk.runtime.ops as ops_mod  # noqa: E402
 from swiftk.errors import SwiftkError  # noqa: E402
-from swiftk.ops import OP_NAMES, cuda_ops, cupy_ops, describe, get_ops, reference, triton_ops  # noqa: E402
+from swiftk.runtime.ops import OP_NAMES, cuda_ops, cupy_ops, describe, get_ops, reference, triton_ops  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

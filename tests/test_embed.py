@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from swiftk.config import from_hf_config
-from swiftk.model import Model
-from swiftk.ops import cpu_linear
-from swiftk.ops import reference as reference_ops
-from swiftk.weights import QWeight
+from swiftk.runtime.config import from_hf_config
+from swiftk.runtime.model import Model
+from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import reference as reference_ops
+from swiftk.runtime.weights import QWeight
 
 ROOT = Path(__file__).resolve().parents[1]
 _CXX = os.environ.get("CXX") or "c++"

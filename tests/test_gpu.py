@@ -34,7 +34,7 @@ def _close(a, b, tol=1e-3):
 
 def test_graphed_passes_equal_eager_passes(cuda_engines):
     """Plain step, draft step (skip set, reduced-vocabulary head) and tree verify: graph replay == eager."""
-    from swiftk.tree import TreeMask
+    from swiftk.runtime.ops.masks import TreeMask
 
     g_eng, e_eng = cuda_engines
     ids = g_eng.tokenizer.encode(PROMPTS[0])
@@ -66,7 +66,7 @@ def test_graphed_passes_equal_eager_passes(cuda_engines):
 def test_plain_graphs_are_captured_at_load_and_serve_every_length(smollm2_path):
     """One graph per T bucket serves every cache length: decodes across many 256-slot spans capture nothing after
     load, and the graphed steps give the eager engine's output."""
-    from swiftk.graphs import T_BUCKETS
+    from swiftk.runtime.graphs import T_BUCKETS
 
     graphs = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=True)
     eager = swiftk.load(str(smollm2_path), device="cuda", dtype="float32", cuda_graphs=False)
@@ -98,7 +98,7 @@ def test_greedy_on_cuda_equals_transformers_float32(cuda_engines, smollm2_path, 
 @pytest.mark.parametrize("backend", ["torch", "triton", "cupy", "cuda"])
 def test_bfloat16_speculative_equals_bfloat16_autoregressive(smollm2_path, backend, monkeypatch):
     """Every backend: SWIFT (forced drafting) and n-gram output == swiftk's own bfloat16 AR, up to near ties."""
-    from swiftk import ops
+    from swiftk.runtime import ops
     from swiftk.errors import SwiftkError
 
     monkeypatch.setenv("SWIFTK_BACKEND", backend)

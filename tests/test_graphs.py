@@ -1,12 +1,12 @@
-"""The CUDA-graph pass body (swiftk/graphs.py) run eagerly on the CPU: the device-built mask, the bucket padding and
+"""The CUDA-graph pass body (swiftk/runtime/graphs.py) run eagerly on the CPU: the device-built mask, the bucket padding and
 the slot arithmetic must give the logits of the ordinary pass. The replay itself is tested on a GPU (test_gpu.py)."""
 import pytest
 import torch
 
 import swiftk
 from swiftk.errors import SwiftkError
-from swiftk.graphs import _bucket_T, _Graph
-from swiftk.tree import TreeMask
+from swiftk.runtime.graphs import _bucket_T, _Graph
+from swiftk.runtime.ops.masks import TreeMask
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """CUDA extension swiftk._C vs the torch reference twins.
 
-Every kernel test runs for both ways the same kernels/*.cu reach the GPU: the compiled extension (``cuda``) and
-CuPy's NVRTC (``cupy``, swiftk/ops/cupy_ops.py). GPU tests are marked ``gpu`` and skipped without a CUDA device,
+Every kernel test runs for both ways the same kernels/cuda/*.cu reach the GPU: the compiled extension (``cuda``) and
+CuPy's NVRTC (``cupy``, swiftk/runtime/ops/cupy_ops.py). GPU tests are marked ``gpu`` and skipped without a CUDA device,
 or for a backend that is missing (extension not built, CuPy not importable). The argument-check test runs for the
 extension wherever it imports and for the CuPy twin everywhere (its checks come before any CuPy call).
 Tolerance per element: |cuda - reference| <= tol * (1 + |reference|), fp32 1e-4, fp16 5e-3, bf16 3e-2.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from swiftk.ops import cuda_ops, cupy_ops, reference as R
+from swiftk.runtime.ops import cuda_ops, cupy_ops, reference as R
 
 EXT = cuda_ops.extension()
 try:
@@ -138,7 +138,7 @@ def test_cupy_kv_commit_rejects_a_commit_past_its_shared_memory():
 
 def test_cupy_parameter_structs_match_the_c_layout(tmp_path):
     """The NumPy records CuPy passes by value must have the C structs' field offsets and size (compiled here from
-    kernels/swiftk_cuda.cuh, its NVRTC branch, by the host compiler)."""
+    kernels/cuda/swiftk_cuda.cuh, its NVRTC branch, by the host compiler)."""
     import shutil
     import subprocess
 

@@ -1,4 +1,4 @@
-"""Triton kernels vs their torch reference twins (swiftk.ops.reference).
+"""Triton kernels vs their torch reference twins (swiftk.runtime.ops.reference).
 
 Runs on CPU under the Triton interpreter (TRITON_INTERPRET=1, set here before any kernel import when no GPU is
 present), with small random shapes. Tolerance per element: |kernel - reference| <= tol * scale * (1 + |reference|) with tol
@@ -22,10 +22,10 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     pytest.skip("no GPU and TRITON_INTERPRET is off", allow_module_level=True)
 
-from swiftk.config import RopeScaling, rope_inv_freq  # noqa: E402
+from swiftk.runtime.config import RopeScaling, rope_inv_freq  # noqa: E402
 from swiftk.errors import SwiftkError  # noqa: E402
-from swiftk.ops import reference as R  # noqa: E402
-from swiftk.ops.triton_ops import ops as triton_ops  # noqa: E402
+from swiftk.runtime.ops import reference as R  # noqa: E402
+from swiftk.runtime.ops.triton_ops import ops as triton_ops  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 OPS = triton_ops()

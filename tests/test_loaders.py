@@ -8,9 +8,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from swiftk import gguf_file, loaders
+from swiftk.loading import gguf as gguf_file, loaders
 from swiftk.errors import SwiftkError
-from swiftk.loaders import load_checkpoint
+from swiftk.loading.loaders import load_checkpoint
 
 # ---------------------------------------------------------------------------------------------
 # tiny synthetic GGUF writer
@@ -20,7 +20,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _byte_tokens():
-    from swiftk.tokenizer import _byte_to_unicode
+    from swiftk.loading.tokenizer import _byte_to_unicode
 
     return [_byte_to_unicode()[b] for b in range(256)]
 

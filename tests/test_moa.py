@@ -202,7 +202,7 @@ def test_gate_takes_plain_steps_when_the_drafter_cannot_pay(eng, tmp_path):
     """The cost model prices MoA draft steps too: when verifying costs 50 steps nothing is drafted but probes.
     The free sources are off: their nodes ride on MoA rounds, and a looping text makes those rounds measure
     faster than plain on this tiny model whatever the fake cost model says, so the gate would rightly draft."""
-    from swiftk.costs import CostModel
+    from swiftk.decoding.costs import CostModel
 
     class Costs(CostModel):
         def v(self, T):
@@ -253,7 +253,7 @@ def test_every_shipped_drafter_is_a_valid_file_for_its_registry_model():
     from safetensors import safe_open
 
     from swiftk.moa.model import load
-    from swiftk.registry import model_info
+    from swiftk.loading.registry import model_info
 
     files = sorted((Path(swiftk.__file__).parent / "moa" / "drafters").glob("*.safetensors"))
     assert {f.stem for f in files} >= {"smollm2-135m", "qwen2.5-coder-0.5b"}

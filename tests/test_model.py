@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from swiftk.config import from_hf_config
-from swiftk.model import Model, TreeMask
+from swiftk.runtime.config import from_hf_config
+from swiftk.runtime.model import Model, TreeMask
 
 transformers = pytest.importorskip("transformers")
 
@@ -150,7 +150,7 @@ def test_tree_siblings_share_position_own_slots():
             anc[i, j] = True
             j = parents[j]
     out = m.forward(toks, torch.tensor([5, 6, 6, 7]), torch.arange(5, 9), cache,
-                    attn_mask=TreeMask(5, __import__("swiftk.ops.reference", fromlist=["x"]).pack_tree_mask(anc)))
+                    attn_mask=TreeMask(5, __import__("swiftk.runtime.ops.reference", fromlist=["x"]).pack_tree_mask(anc)))
     seq1 = _ours_logits(m, prefix.tolist() + [r, a, c])
     seq2 = _ours_logits(m, prefix.tolist() + [r, b])
     torch.testing.assert_close(out[[0, 1, 3]], seq1[5:], rtol=1e-5, atol=1e-5)

@@ -5,18 +5,18 @@ import pytest
 import torch
 
 import swiftk
-import swiftk.model as model_mod
-from swiftk.ops import cpu_linear
+import swiftk.runtime.model as model_mod
+from swiftk.runtime.ops import cpu_linear
 from swiftk.cli import main as cli_main
-from swiftk.drafter import draft
+from swiftk.proposers.draft_loop import draft
 from swiftk.errors import SwiftkError
-from swiftk.config import DecodeConfig
-from swiftk.costs import Gate
-from swiftk.generate import Sampler, SamplingParams
-from swiftk.skipset import kvq_boundary
-from swiftk.decode import verify
-from swiftk.state import GateMemory
-from swiftk.tree import GREEDY_TOPK, build_tree
+from swiftk.runtime.config import DecodeConfig
+from swiftk.decoding.costs import Gate
+from swiftk.decoding.sampler import Sampler, SamplingParams
+from swiftk.runtime.skipset import kvq_boundary
+from swiftk.decoding.loop import verify
+from swiftk.decoding.state import GateMemory
+from swiftk.decoding.tree import GREEDY_TOPK, build_tree
 
 PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

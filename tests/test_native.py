@@ -1,6 +1,6 @@
 """weights="native": a GGUF file's block-format matrices used as they are (weights.BlockWeight inside the fused layer
-loop and op by op), with float32 activations (kernels/cpu_quant.cpp; reference: the same file dequantized to float32)
-and with int8 activations (kernels/cpu_qdot.cpp, the default; close to the float32 model, lossless to itself)."""
+loop and op by op), with float32 activations (kernels/cpu/cpu_quant.cpp; reference: the same file dequantized to float32)
+and with int8 activations (kernels/cpu/cpu_qdot.cpp, the default; close to the float32 model, lossless to itself)."""
 import gguf
 import gguf.quants as gq
 import numpy as np
@@ -10,10 +10,10 @@ from gguf import GGMLQuantizationType as Q
 
 import swiftk
 from swiftk.errors import SwiftkError
-from swiftk.loaders import load_checkpoint
-from swiftk.model import Model
-from swiftk.ops import cpu_linear, cpu_quant
-from swiftk.weights import BlockWeight
+from swiftk.loading.loaders import load_checkpoint
+from swiftk.runtime.model import Model
+from swiftk.runtime.ops import cpu_linear, cpu_quant
+from swiftk.runtime.weights import BlockWeight
 from test_loaders import llama_permute, tiny_vocab
 
 pytestmark = pytest.mark.skipif(not cpu_quant.available(), reason=f"CPU quant kernel: {cpu_quant.status()}")
@@ -182,7 +182,7 @@ def test_int8_activations_are_close_to_the_float32_path(files, fmt):
 def test_a_long_prefill_takes_the_gemm_panels_and_agrees(files, fmt):
     """Passes of >= cpu_quant.PANEL_MIN_ROWS rows de-quantize panels for torch's GEMM: the logits, and the KV cache
     the next step reads, still match the float32 path."""
-    from swiftk.ops import cpu_quant
+    from swiftk.runtime.ops import cpu_quant
 
     nat, ref = _models(files[fmt][0])
     n = cpu_quant.PANEL_MIN_ROWS + 5
@@ -282,7 +282,7 @@ def test_real_file_native_is_the_default_and_decodes_as_the_float32_path(smollm2
 
 
 def test_a_nan_block_scale_is_named(files, tmp_path):
-    from swiftk.gguf_file import read_gguf
+    from swiftk.loading.gguf import read_gguf
 
     path, _ = files["Q4_1"]
     t = next(t for t in read_gguf(path).tensors if t.name == "blk.2.ffn_up.weight")

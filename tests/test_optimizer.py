@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-import swiftk.optimizer as opt_mod
-from swiftk.config import OptimizerConfig
-from swiftk.optimizer import SkipSetOptimizer
-from swiftk.skipset import eligible
+import swiftk.proposers.layerskip.search as opt_mod
+from swiftk.runtime.config import OptimizerConfig
+from swiftk.proposers.layerskip.search import SkipSetOptimizer
+from swiftk.runtime.skipset import eligible
 
 L = 10
 

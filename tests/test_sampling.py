@@ -1,11 +1,11 @@
-"""Logits processing and seeded draws (swiftk.sampling)."""
+"""Logits processing and seeded draws (swiftk.runtime.sampling)."""
 import math
 
 import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.sampling import (
+from swiftk.runtime.sampling import (
     process_logits,
     sample,
     sample_without_replacement,

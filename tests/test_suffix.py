@@ -1,4 +1,4 @@
-"""The suffix automaton behind the context and history drafts (swiftk.suffix), the trees the sources grow from it
+"""The suffix automaton behind the context and history drafts (swiftk.proposers.suffix), the trees the sources grow from it
 (proposers.context / history) and Token Recycling's successor table (proposers.recycle), against brute force."""
 import random
 from collections import Counter
@@ -11,7 +11,7 @@ from swiftk.proposers.base import Context, Estimates, best_first
 from swiftk.proposers.context import ContextNgrams, node_key
 from swiftk.proposers.history import SessionHistory
 from swiftk.proposers.recycle import K, SuccessorTable, TokenRecycling
-from swiftk.suffix import _WALK, SEPARATOR, Matcher, OutputHistory, SuffixIndex
+from swiftk.proposers.suffix import _WALK, SEPARATOR, Matcher, OutputHistory, SuffixIndex
 
 
 def longest_earlier(seq):

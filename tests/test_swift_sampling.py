@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from swiftk.config import from_hf_config
+from swiftk.runtime.config import from_hf_config
 from swiftk.engine import Engine
-from swiftk.loaders import Checkpoint
+from swiftk.loading.loaders import Checkpoint
 from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
 
 transformers = pytest.importorskip("transformers")

@@ -10,10 +10,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 transformers = pytest.importorskip("transformers")
 
-from swiftk import ops as ops_mod  # noqa: E402
-from swiftk.config import from_hf_config  # noqa: E402
+from swiftk.runtime import ops as ops_mod  # noqa: E402
+from swiftk.runtime.config import from_hf_config  # noqa: E402
 from swiftk.engine import Engine  # noqa: E402
-from swiftk.loaders import Checkpoint  # noqa: E402
+from swiftk.loading.loaders import Checkpoint  # noqa: E402
 
 from test_swift_sampling import _IdTokenizer  # noqa: E402
 

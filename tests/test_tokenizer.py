@@ -2,8 +2,8 @@
 import pytest
 
 from swiftk.errors import SwiftkError
-from swiftk.loaders import read_gguf
-from swiftk.tokenizer import Tokenizer
+from swiftk.loading.loaders import read_gguf
+from swiftk.loading.tokenizer import Tokenizer
 
 TEXTS = [
     "Hello world",
@@ -103,7 +103,7 @@ def test_non_bpe_gguf_tokenizer_rejected():
     ("gpt2", "x 12345", ["x", "Ġ12345"]),
 ])
 def test_pre_tokenizer_splits(pre, text, pieces):
-    from swiftk.tokenizer import _pre_tokenizer_for
+    from swiftk.loading.tokenizer import _pre_tokenizer_for
 
     got = [p for p, _ in _pre_tokenizer_for(pre).pre_tokenize_str(text)]
     assert got == pieces
@@ -111,7 +111,7 @@ def test_pre_tokenizer_splits(pre, text, pieces):
 
 def test_qwen2_tokenizer_matches_transformers_if_cached():
     """Qwen2.5 uses the 'qwen2' split; checked when the model is already in the cache (too big to pull in CI)."""
-    from swiftk import registry
+    from swiftk.loading import registry
 
     info = registry.model_info("qwen2.5-coder-0.5b")
     if not info["cached"]:

@@ -3,9 +3,11 @@ import random
 
 import torch
 
-from swiftk.acceptance import ancestor_matrix
-from swiftk.ops.reference import unpack_tree_mask
-from swiftk.tree import GREEDY_TOPK, DraftLevel, build_tree, k_for_confidence, pack_tree_mask
+from swiftk.decoding.acceptance import ancestor_matrix
+from swiftk.runtime.ops.reference import unpack_tree_mask
+from swiftk.decoding.tree import GREEDY_TOPK, build_tree
+from swiftk.proposers.base import DraftLevel, k_for_confidence
+from swiftk.runtime.ops.masks import pack_tree_mask
 
 
 def _levels(rng, depth):
@@ -58,7 +60,7 @@ def test_k_for_confidence_bins():
 def test_mask_rows_are_the_ancestor_relation_at_every_size():
     """build_tree fills the ancestor rows on the host for small trees and unpacks its bits for large ones: both
     must be the parents' ancestor relation, and agree with the packed bits the kernels read."""
-    from swiftk.tree import Chain
+    from swiftk.decoding.tree import Chain
 
     rng = random.Random(5)
     for n in (1, 2, 5, 23, 24, 25, 40, 63):

@@ -1,12 +1,12 @@
-"""Reduced-vocabulary draft head (swiftk.vocab): subset logits, growth, frequent-id ranking and its cache."""
+"""Reduced-vocabulary draft head (swiftk.proposers.draft_head): subset logits, growth, frequent-id ranking and its cache."""
 import json
 
 import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.model import linear
-from swiftk.vocab import DraftHead, frequent_token_ids
+from swiftk.runtime.model import linear
+from swiftk.proposers.draft_head import DraftHead, frequent_token_ids
 
 V, D = 1000, 64
 
@@ -101,8 +101,8 @@ def test_frequent_ids_corrupt_cache_is_rebuilt(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(smollm2_path):
     # Tokenizer only, from the GGUF metadata: skips dequantizing the weights.
-    from swiftk.loaders import read_gguf
-    from swiftk.tokenizer import Tokenizer
+    from swiftk.loading.loaders import read_gguf
+    from swiftk.loading.tokenizer import Tokenizer
 
     meta = read_gguf(smollm2_path).metadata
     return Tokenizer.from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")})

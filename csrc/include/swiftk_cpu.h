@@ -1,10 +1,10 @@
-/* swiftk CPU C ABI: the CPU decode kernels (kernels/cpu_decode.cpp, which includes kernels/cpu_linear.cpp), callable
+/* swiftk CPU C ABI: the CPU decode kernels (kernels/cpu/cpu_decode.cpp, which includes kernels/cpu/cpu_linear.cpp), callable
  * from any C/C++ host, no Python or torch needed. The sibling of swiftk.h (the CUDA kernels); needs no CUDA.
  *
- * Build: compile kernels/cpu_decode.cpp as one translation unit with -fopenmp and -mavx2 -mfma or -march=native
+ * Build: compile kernels/cpu/cpu_decode.cpp as one translation unit with -fopenmp and -mavx2 -mfma or -march=native
  * (AVX2+FMA or AVX-512 F/BW/VL; the vector width is chosen at compile time), e.g. examples/CMakeLists.txt.
  * swiftk's Python runtime builds the same file at first use and calls these functions through ctypes
- * (swiftk/ops/cpu_linear.py), filling the layer table in swiftk/weights.py `fused_layer_table`.
+ * (swiftk/runtime/ops/cpu_linear.py), filling the layer table in swiftk/runtime/weights.py `fused_layer_table`.
  *
  * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
  * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions
@@ -36,9 +36,9 @@ extern "C" {
 #define SWK_W_BFLOAT16 1 /* bfloat16 bits (uint16, the top half of a float32) */
 #define SWK_W_INT8 2     /* int8, row n times a float32 scale[n]: W ~= q * scale[:, None] (symmetric per row) */
 #define SWK_W_BLOCKS 3   /* swk_layers only: GGUF block formats, the address an int64 descriptor (see swk_layers) */
-/* In a block descriptor, a ggml type with this bit set runs with int8 activations (kernels/cpu_qdot.cpp: each
- * activation row quantized per 32 elements, integer dot products) instead of float32 ones (kernels/cpu_quant.cpp),
- * on rows packed by swk_qi_repack (kernels/cpu_qdot.cpp: int swk_qi_repack(int type, const void* src, int64_t N,
+/* In a block descriptor, a ggml type with this bit set runs with int8 activations (kernels/cpu/cpu_qdot.cpp: each
+ * activation row quantized per 32 elements, integer dot products) instead of float32 ones (kernels/cpu/cpu_quant.cpp),
+ * on rows packed by swk_qi_repack (kernels/cpu/cpu_qdot.cpp: int swk_qi_repack(int type, const void* src, int64_t N,
  * int64_t K, void* dst), the same bytes permuted: rows in groups of 8 with each block's fields side by side). */
 #define SWK_Q_INT8_ACT 256
 
@@ -99,8 +99,8 @@ SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wt
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
                           const uint8_t* vis, int64_t S, float* h, int nthreads);
 
-/* The block matmul for weight type 3: kernels/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy; built
- * with kernels/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
+/* The block matmul for weight type 3: kernels/cpu/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy; built
+ * with kernels/cpu/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
 SWIFTK_API void swk_set_q_linear(void* fn);
 
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */

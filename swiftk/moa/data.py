@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sysconfig
 from pathlib import Path
 
 import torch
@@ -24,36 +23,10 @@ import torch
 from ..atomic import write_json_atomic
 from ..errors import SwiftkError
 from ..files import read_json, read_text, regular_file
+from ..proposers.stdlib import stdlib_docs
 
 SHARD_CHUNKS = 16
 STDLIB_DOC_TOKENS = 1024   # the head of each module: breadth over depth
-
-
-def stdlib_files() -> list:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = ("test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "ensurepip")
-    return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(skip))
-
-
-def stdlib_docs(tokenizer, batch: int = 64):
-    """Token ids of each readable stdlib module, in path order (the corpus of the drafter and of datastore.py);
-    ``batch`` modules at a time through the tokenizer's batch encoding when it has one."""
-    texts = []
-    for p in stdlib_files():
-        try:
-            texts.append(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            continue
-        if len(texts) == batch:
-            yield from _encode_all(tokenizer, texts)
-            texts = []
-    yield from _encode_all(tokenizer, texts)
-
-
-def _encode_all(tokenizer, texts: list):
-    if hasattr(tokenizer, "encode_batch"):
-        return tokenizer.encode_batch(texts)
-    return [tokenizer.encode(t, add_bos=False) for t in texts]
 
 
 def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progress: bool = True) -> list:

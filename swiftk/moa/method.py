@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..costs import ema
+from ..decoding.costs import ema
 from ..errors import SwiftkError
+from ..home import swiftk_home
 from ..methods import Method
-from ..proposers.layerskip import ModelDrafter
+from ..proposers.layerskip.draft import ModelDrafter
 from .runner import MoARunner, moa_draft
 
 
 def trained_drafter_path(engine) -> Path:
     """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
-    from ..registry import swiftk_home
-
     name = str(engine.identity.get("name") or "model")
     fp = str(engine.identity.get("fingerprint") or "")[:12]
     return swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"

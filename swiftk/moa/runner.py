@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..drafter import draft_level
+from ..proposers.draft_loop import draft_chain
 from ..errors import SwiftkError
 from .model import MoADrafter
 
@@ -74,29 +74,20 @@ class MoARunner:
 
 def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, calibrate,
               step_s: float, *, max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
-    """Like drafter.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
+    """Like draft_loop.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
     N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
     them)."""
     runner.sync(cache, committed)
     n, L, dev = cache.length, model.cfg.n_layers, model.device
-    kmax = max(k for _, k in topk_bins)
-    levels, cur = [], root_token
-    surv, tokens = 1.0, 1.0
     pos = torch.empty(1, dtype=torch.long, device=dev)
-    for j in range(min(max_draft, max_spine)):
+
+    def step(token: int, j: int) -> tuple:
         p = n + j
-        h = runner.step(cur, p)
+        h = runner.step(token, p)
         if runner.tli:
             pos.fill_(p)
-            logits = model.forward_from(L - runner.tli, h, pos, pos, cache, head=head)[0]
-        else:
-            logits = model.logits_of(h, head)[0]
-        level, conf = draft_level(logits, sampler, p + 1, topk_bins, kmax, rejection)
-        levels.append(level)
-        a = calibrate(conf)
-        surv *= a
-        tokens += surv
-        if not gate.keep_drafting(j + 1, conf, a, surv, tokens, step_s):
-            break
-        cur = level.tokens[0]
-    return levels
+            return model.forward_from(L - runner.tli, h, pos, pos, cache, head=head)[0], None
+        return model.logits_of(h, head)[0], None
+
+    return draft_chain(step, n, root_token, sampler, gate, calibrate, step_s, max_draft=max_draft,
+                       max_spine=max_spine, topk_bins=topk_bins, rejection=rejection)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SwiftkError
-from ..ops import reference as R
+from ..home import swiftk_home
+from ..runtime.ops import reference as R
 from .model import MoAConfig, MoADrafter, rms, save
 
 HELD_OUT = 0.05
@@ -193,8 +194,7 @@ def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: floa
 
 def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
            drafter_options) -> dict:
-    from ..registry import swiftk_home
-    from ..vocab import frequent_token_ids
+    from ..proposers.draft_head import frequent_token_ids
     from .data import load_features
 
     out = Path(out)

@@ -15,11 +15,43 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..errors import SwiftkError
-from ..tree import Chain  # noqa: F401  (re-exported: what a source proposes)
+
+if TYPE_CHECKING:   # annotations only: the protocol and its tables need no torch at import
+    import torch
+
+
+def k_for_confidence(p: float, bins) -> int:
+    """Candidates per depth from the draft's top-1 probability p: (threshold, k) tried in order, else last k."""
+    for thr, k in bins:
+        if p > thr:
+            return k
+    return bins[-1][1]
+
+
+@dataclass
+class DraftLevel:
+    """Children of spine node ``depth`` (0 = root): candidate tokens in draw/rank order and their draft probs."""
+
+    tokens: list
+    probs: list
+    dist: Optional[torch.Tensor] = None    # the draft distribution they were drawn from (rejection sampling only)
+    hidden: Optional[torch.Tensor] = None  # KVQ: spine node ``depth``'s residual [1, D] at the boundary layer
+
+
+@dataclass
+class Chain:
+    """A free draft (no model call): ``tokens`` continuing the root, ``probs[d]`` the estimated chance that token
+    d is accepted given its parent was, the ``source`` that proposed it (its name), and ``keys[d]``: what the
+    source filed that estimate under (handed back to the source with the outcome)."""
+
+    tokens: list
+    probs: list
+    source: str
+    keys: list = field(default_factory=list)
 
 
 @dataclass
@@ -148,3 +180,17 @@ def best_first(root, expand: Callable, max_nodes: int, max_depth: int, floor: fl
         path.reverse()
         chains.append(Chain([x[0] for x in path], [x[2] for x in path], source, [x[3] for x in path]))
     return chains
+
+
+# calibration of a model drafter's probabilities (kept in the learned state, read by the drafter)
+_BINS = 10
+
+
+def calibration_bin(p: float) -> int:
+    return min(_BINS - 1, max(0, int(p * _BINS)))
+
+
+def new_calibration() -> Estimates:
+    """P(the target agrees | the draft's probability for the token), per probability bin. Prior: a token drafted
+    with probability p is accepted with probability ~0.8 p; slow forgetting (the text and the skip set change)."""
+    return Estimates([0.8 * (b + 0.5) / _BINS for b in range(_BINS)], weight=2.0, decay=0.99)

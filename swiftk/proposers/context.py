@@ -1,7 +1,7 @@
 """Context drafts: the continuation of the sequence's tail where that tail occurred before in the same text (prompt
 lookup, generalised). Code edits, summaries and chat about a given text repeat long spans of it.
 
-The text lives in a suffix automaton (swiftk/suffix.py), so the match is the longest earlier occurrence of the tail
+The text lives in a suffix automaton (swiftk/proposers/suffix.py), so the match is the longest earlier occurrence of the tail
 at any length, and what followed it comes with counts: a tree whose branches are ranked by how often each
 continuation occurred, deeper and wider where the match is long and the continuation consistent. Each node is
 priced by (match length, how consistent its continuation was), learned from what the verify pass accepts.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..suffix import SuffixIndex
+from .suffix import SuffixIndex
 from .base import Context, Estimates, FreeSource, best_first
 
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 9, 16, 32)   # matched tokens: a node's bucket is the last threshold it reaches

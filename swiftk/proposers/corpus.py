@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..datastore import CONF_BINS, MAX_N, N_BUCKETS, Datastore
+from .datastore import CONF_BINS, MAX_N, N_BUCKETS, Datastore
 from .base import Chain, Context, FreeSource
 
 _MIDS = [(lo + hi) / 2 for lo, hi in zip((0.0, *CONF_BINS), (*CONF_BINS, 1.0))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..suffix import Matcher, OutputHistory
+from .suffix import Matcher, OutputHistory
 from .base import Context
 from .context import SuffixDraft
 

@@ -24,10 +24,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import methods
-from ..config import updated
+from ..runtime.config import updated
 from ..engine import split_options
 from ..errors import SwiftkError
-from ..generate import SamplingParams, check_lengths
+from ..decoding.output import check_lengths
+from ..decoding.sampler import SamplingParams
 from . import api
 from .api import APIError
 

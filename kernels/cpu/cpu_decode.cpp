@@ -1,0 +1,367 @@
+// The CPU decoder-layer loop in one call: for T <= 32 new tokens (a decode step, a draft step, a verify pass, a
+// matchness pass), every layer of [start, end) with its skip flags -- RMSNorm, QKV (+bias), RoPE, KV write,
+// masked GQA attention over the cache, O, residual, RMSNorm, gate/up, SwiGLU, down, residual -- on float32
+// activations, with the weights in any format of kernels/cpu/cpu_linear.cpp (float32, bfloat16, int8 + row scale).
+// Torch twin: swiftk/runtime/model.py `Model._layers` on the torch ops (tests/test_cpu_decode.py holds them close and
+// checks this path's own batch invariance).
+//
+// Why: at these sizes a decode step on the torch path spends ~a third of its time outside the matmuls, in ~20
+// small ops per layer, each a Python call and an ATen dispatch; here those ops are a few loops over D-sized rows
+// and the only per-layer cost left is the weight reads.
+//
+// Batch invariance: every row (token) is computed on its own with a fixed reduction order (norm statistics,
+// attention over the visible slots in slot order, the linear kernel's fixed order), so a token's hidden state in
+// a verify pass equals the one it gets in a one-token step bit for bit, as long as it sees the same keys.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include <vector>
+
+// The public declarations (csrc/include/swiftk_cpu.h), when the build puts csrc/include on the include path
+// (examples/CMakeLists.txt does): the compiler then checks that the definitions below match them. swiftk's own
+// first-use build (swiftk/runtime/ops/cpu_linear.py) compiles this file alone, as installed packages have no csrc/.
+#if __has_include("swiftk_cpu.h")
+#include "swiftk_cpu.h"
+#define SWK_HAVE_HEADER 1
+#endif
+
+#include "cpu_linear.cpp"
+#include "cpu_topk.cpp"
+
+namespace {
+
+// Layer table: per layer, NPTR addresses (see swk_layers) and 4 weight types. Public: csrc/include/swiftk_cpu.h.
+enum { P_ATTN_NORM, P_WQKV, P_WQKV_SCALE, P_BQKV, P_WO, P_WO_SCALE, P_MLP_NORM, P_WGU, P_WGU_SCALE, P_WDOWN,
+       P_WDOWN_SCALE, P_KV, NPTR };
+#ifdef SWK_HAVE_HEADER
+static_assert((int)P_ATTN_NORM == SWK_P_ATTN_NORM && (int)P_WQKV == SWK_P_WQKV &&
+                  (int)P_WQKV_SCALE == SWK_P_WQKV_SCALE && (int)P_BQKV == SWK_P_BQKV && (int)P_WO == SWK_P_WO &&
+                  (int)P_WO_SCALE == SWK_P_WO_SCALE && (int)P_MLP_NORM == SWK_P_MLP_NORM &&
+                  (int)P_WGU == SWK_P_WGU && (int)P_WGU_SCALE == SWK_P_WGU_SCALE && (int)P_WDOWN == SWK_P_WDOWN &&
+                  (int)P_WDOWN_SCALE == SWK_P_WDOWN_SCALE && (int)P_KV == SWK_P_KV &&
+                  (int)NPTR == SWK_LAYER_TABLE_WIDTH,
+              "layer table order differs from csrc/include/swiftk_cpu.h");
+#endif
+
+// exp on a vector (Cephes' expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp like torch's vectorized
+// exp). Written out because the compiler vectorizes no libm call under strict IEEE flags, and scalar expf over
+// the SwiGLU activations and attention scores cost several ms per verify pass.
+#if SWK_W == 16
+static inline vec vexp(vec x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  vec fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  vec y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+}
+static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vset1(float a) { return _mm512_set1_ps(a); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+#else
+static inline vec vexp(vec x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  vec fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  vec y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vset1(float a) { return _mm256_set1_ps(a); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+#endif
+
+// exp of p[0, n) in place; p has room for n rounded up to the vector width (padding is overwritten), so every
+// element goes through the same vector code whatever n is.
+void exp_inplace(float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += SWK_W) vstore(p + i, vexp(ld_x(p + i)));
+}
+
+// Sum of a[i] * b[i] over [0, n): vector lanes in a fixed order then the fixed lane reduction (n % SWK_W tail
+// scalar), the same arithmetic for a row whatever the pass.
+float dot(const float* a, const float* b, int64_t n) {
+  vec acc = vzero();
+  int64_t i = 0;
+  for (; i + SWK_W <= n; i += SWK_W) acc = vfma(ld_x(a + i), ld_x(b + i), acc);
+  float s = vsum(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+void rmsnorm_rows(const float* x, const float* w, float* y, int64_t T, int64_t D, float eps) {
+  for (int64_t t = 0; t < T; t++) {
+    const float* xr = x + t * D;
+    float* yr = y + t * D;
+    const float ss = dot(xr, xr, D);
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) yr[i] = w[i] * (xr[i] * r);
+  }
+}
+
+template <int WT>
+void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale, int64_t N, float* y,
+              int nthreads) {
+  run<WT>(x, M, K, (const char*)w, scale, N, y, nthreads);
+}
+
+// GGUF block formats (wtype 3) run on kernels/cpu/cpu_quant.cpp, a separate library: the host hands its entry in
+// (swk_set_q_linear) rather than this file compiling a second copy of it.
+typedef int (*q_linear_fn)(const float*, int64_t, int64_t, const void*, int, int64_t, float*, int64_t);
+q_linear_fn g_q_linear = nullptr;
+
+// A block weight's descriptor (int64): n_parts, then (address, ggml type, rows) per part: row groups in their own
+// formats, each writing its columns of y [M, N].
+void linear_blocks(const float* x, int64_t M, int64_t K, const int64_t* desc, int64_t N, float* y) {
+  int64_t col = 0;
+  for (int64_t i = 0; i < desc[0]; i++) {
+    const int64_t* p = desc + 1 + 3 * i;
+    g_q_linear(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N);
+    col += p[2];
+  }
+}
+
+void linear_any(int wt, const float* x, int64_t M, int64_t K, const void* w, const float* scale, int64_t N,
+                float* y, int nthreads) {
+  switch (wt) {
+    case 3: linear_blocks(x, M, K, (const int64_t*)w, N, y); break;
+    case 0: linear_t<0>(x, M, K, w, scale, N, y, nthreads); break;
+    case 1: linear_t<1>(x, M, K, w, scale, N, y, nthreads); break;
+    default: linear_t<2>(x, M, K, w, scale, N, y, nthreads); break;
+  }
+}
+
+#if SWK_W == 8
+// Lane j = vsum(a[j]), bitwise: the same pairings in the same order (lanes i and i + 4, then i and i + 2, then 0
+// and 1), done for 8 vectors at once.
+static inline __m256 hsum8(const __m256 (&a)[8]) {
+  __m256 b[4], c[2];
+  for (int p = 0; p < 4; p++)   // b[p] = [a[p] lo + hi | a[p + 4] lo + hi]
+    b[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[p], a[p + 4], 0x20), _mm256_permute2f128_ps(a[p], a[p + 4], 0x31));
+  for (int p = 0; p < 2; p++)   // lanes i and i + 2 of b[2p] and b[2p + 1]
+    c[p] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44), _mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+}
+#endif
+
+// Rotate-half RoPE (HF layout) of n_heads heads of x [hd] at one position; cos/sin [hd/2].
+void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float* s) {
+  const int64_t h2 = hd / 2;
+  for (int64_t hh = 0; hh < n_heads; hh++) {
+    float* v = x + hh * hd;
+    for (int64_t i = 0; i < h2; i++) {
+      const float a = v[i], b = v[i + h2];
+      v[i] = a * c[i] - b * s[i];
+      v[i + h2] = b * c[i] + a * s[i];
+    }
+  }
+}
+
+// out [hd] = softmax(q . K_s * scale over visible s) . V_s for one query head; K, V [S, hd] of its KV head.
+// Scores of 16 keys at a time share one reduction tree (hsum16: each score bitwise the dot() it replaces); the
+// weighted sum of V rows stays in registers. Every step runs in slot order, the same for a token whatever T.
+void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
+                float scale, float* p, float* out) {
+  constexpr int MAXV = 16;   // register path for hd <= 16 vectors
+  const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
+  float mx = -INFINITY;
+  int64_t s = 0;
+#if SWK_W == 16
+  if (vec_hd) {
+    const int64_t nv = hd / SWK_W;
+    for (; s + 16 <= S; s += 16) {
+      vec acc[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++) acc[j] = vzero();
+      for (int64_t v = 0; v < nv; v++) {
+        const vec qv = ld_x(q + v * SWK_W);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+      }
+      vec in[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lane j = key s + j
+      alignas(64) float sc[16];
+      _mm512_store_ps(sc, _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale)));
+      for (int j = 0; j < 16; j++) {
+        if (!vis[s + j]) continue;
+        p[s + j] = sc[j];
+        if (sc[j] > mx) mx = sc[j];
+      }
+    }
+  }
+#else
+  if (vec_hd) {   // AVX2: 8 keys at a time, their sums in one shuffle tree (hsum8: each bitwise vsum, i.e. dot())
+    const int64_t nv = hd / SWK_W;
+    for (; s + 8 <= S; s += 8) {
+      vec acc[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++) acc[j] = vzero();
+      for (int64_t v = 0; v < nv; v++) {
+        const vec qv = ld_x(q + v * SWK_W);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+      }
+      alignas(32) float sc[8];
+      _mm256_store_ps(sc, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      for (int j = 0; j < 8; j++) {
+        if (!vis[s + j]) continue;
+        p[s + j] = sc[j];
+        if (sc[j] > mx) mx = sc[j];
+      }
+    }
+  }
+#endif
+  for (; s < S; s++) {
+    if (!vis[s]) continue;
+    p[s] = dot(q, K + s * hd, hd) * scale;
+    if (p[s] > mx) mx = p[s];
+  }
+  for (s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
+  exp_inplace(p, S);
+  float den = 0.0f;
+  if (vec_hd) {
+    const int64_t nv = hd / SWK_W;
+    vec o[MAXV];
+    for (int64_t v = 0; v < nv; v++) o[v] = vzero();
+    for (s = 0; s < S; s++) {
+      if (!vis[s]) continue;
+      const float e = p[s];
+      den += e;
+      const vec ev = vset1(e);
+      const float* vr = V + s * hd;
+      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, ld_x(vr + v * SWK_W), o[v]);
+    }
+    const vec inv = vset1(1.0f / den);
+    for (int64_t v = 0; v < nv; v++) vstore(out + v * SWK_W, vmul(o[v], inv));
+    return;
+  }
+  for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+  for (s = 0; s < S; s++) {
+    if (!vis[s]) continue;
+    const float e = p[s];
+    den += e;
+    const float* v = V + s * hd;
+    for (int64_t i = 0; i < hd; i++) out[i] += e * v[i];
+  }
+  const float inv = 1.0f / den;
+  for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Runs layers [0, n_layers) of the table (the caller offsets it to its start layer) over residual h [T, D]
+// (updated in place).
+//   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
+//          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
+//          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
+//          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
+//   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
+//          (every row sees at least one slot, S <= max_slots).
+// Returns 0, or -1 on bad arguments (nothing computed).
+int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
+               int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
+               const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S,
+               float* h, int nthreads) {
+  if (n_layers < 0 || !table || !wtypes || !flags || T < 1 || D < 1 || H < 1 || KV < 1 || H % KV || hd < 2 ||
+      hd % 2 || I < 1 || S < 1 || S > max_slots || !slots || !cos_t || !sin_t || !vis || !h || nthreads < 1)
+    return -1;
+  for (int64_t i = 0; i < 4 * n_layers; i++)
+    if (wtypes[i] < 0 || wtypes[i] > 3 || (wtypes[i] == 3 && !g_q_linear)) return -1;
+  for (int64_t t = 0; t < T; t++) {
+    if (slots[t] < 0 || slots[t] >= max_slots) return -1;
+    bool any = false;
+    for (int64_t s = 0; s < S && !any; s++) any = vis[t * S + s] != 0;
+    if (!any) return -1;
+  }
+  const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
+  std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
+  const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
+  std::vector<float> probs((size_t)nthreads * Sp);
+  for (int64_t li = 0; li < n_layers; li++) {
+    const uint64_t* P = table + li * NPTR;
+    const int* wt = wtypes + li * 4;
+    if (!flags[2 * li]) {
+      rmsnorm_rows(h, (const float*)P[P_ATTN_NORM], x.data(), T, D, eps);
+      linear_any(wt[0], x.data(), T, D, (const void*)P[P_WQKV], (const float*)P[P_WQKV_SCALE], NQKV, qkv.data(),
+                 nthreads);
+      float* kv = (float*)P[P_KV];
+      const int64_t plane = KV * max_slots * hd;   // K, then V
+      for (int64_t t = 0; t < T; t++) {
+        float* r = qkv.data() + t * NQKV;
+        if (P[P_BQKV]) {
+          const float* b = (const float*)P[P_BQKV];
+          for (int64_t i = 0; i < NQKV; i++) r[i] += b[i];
+        }
+        rope_row(r, H + KV, hd, cos_t + t * (hd / 2), sin_t + t * (hd / 2));   // q and k heads
+        for (int64_t g = 0; g < KV; g++) {
+          memcpy(kv + (g * max_slots + slots[t]) * hd, r + (H + g) * hd, hd * sizeof(float));
+          memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
+        }
+      }
+      const int64_t work = T * H;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (work * S * hd > 65536)
+      for (int64_t j = 0; j < work; j++) {
+        const int64_t t = j / H, hh = j % H, g = hh / G;
+        float* p = probs.data() + (size_t)omp_get_thread_num() * Sp;
+        attend_row(qkv.data() + t * NQKV + hh * hd, kv + g * max_slots * hd, kv + plane + g * max_slots * hd,
+                   vis + t * S, S, hd, scale, p, att.data() + (t * H + hh) * hd);
+      }
+      linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
+                 nthreads);
+      for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
+    }
+    if (!flags[2 * li + 1]) {
+      rmsnorm_rows(h, (const float*)P[P_MLP_NORM], x.data(), T, D, eps);
+      linear_any(wt[2], x.data(), T, D, (const void*)P[P_WGU], (const float*)P[P_WGU_SCALE], 2 * I, gu.data(),
+                 nthreads);
+      for (int64_t t = 0; t < T; t++) {   // SwiGLU: silu(gate) * up
+        const float* g = gu.data() + t * 2 * I;
+        float* a = act.data() + t * I;
+        int64_t i = 0;
+        for (; i + SWK_W <= I; i += SWK_W) {
+          const vec gv = ld_x(g + i);
+          const vec e = vexp(vmul(gv, vset1(-1.0f)));
+          vstore(a + i, vmul(vdiv(gv, vadd(vset1(1.0f), e)), ld_x(g + I + i)));
+        }
+        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[I + i];
+      }
+      linear_any(wt[3], act.data(), T, I, (const void*)P[P_WDOWN], (const float*)P[P_WDOWN_SCALE], D, o.data(),
+                 nthreads);
+      for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
+    }
+  }
+  return 0;
+}
+
+// The block-format matmul (kernels/cpu/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
+void swk_set_q_linear(void* fn) { g_q_linear = (q_linear_fn)fn; }
+
+// Addresses per layer in swk_layers' table.
+int swk_layer_table_width(void) { return NPTR; }
+
+}  // extern "C"

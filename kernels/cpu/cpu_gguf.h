@@ -1,0 +1,85 @@
+// GGUF block formats shared by the block kernels (kernels/cpu/cpu_quant.cpp: float32 activations; kernels/cpu/cpu_qdot.cpp:
+// int8 activations): ggml type ids, block sizes, the float16 field reader and the K formats' 6-bit scales.
+// gguf.constants.GGML_QUANT_SIZES and gguf.quants are the spec for the layouts.
+#ifndef SWIFTK_CPU_GGUF_H_
+#define SWIFTK_CPU_GGUF_H_
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace swk_gguf {
+
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+// elements (BS) and bytes (TS) per block
+template <int T> struct Fmt;
+template <> struct Fmt<Q4_0> { static constexpr int BS = 32, TS = 18; };
+template <> struct Fmt<Q4_1> { static constexpr int BS = 32, TS = 20; };
+template <> struct Fmt<Q5_0> { static constexpr int BS = 32, TS = 22; };
+template <> struct Fmt<Q8_0> { static constexpr int BS = 32, TS = 34; };
+template <> struct Fmt<Q4_K> { static constexpr int BS = 256, TS = 144; };
+template <> struct Fmt<Q5_K> { static constexpr int BS = 256, TS = 176; };
+template <> struct Fmt<Q6_K> { static constexpr int BS = 256, TS = 210; };
+
+inline int block_size(int type) {
+  switch (type) {
+    case Q4_0: case Q4_1: case Q5_0: case Q8_0: return 32;
+    case Q4_K: case Q5_K: case Q6_K: return 256;
+    default: return -1;
+  }
+}
+
+inline int type_size(int type) {
+  switch (type) {
+    case Q4_0: return Fmt<Q4_0>::TS;
+    case Q4_1: return Fmt<Q4_1>::TS;
+    case Q5_0: return Fmt<Q5_0>::TS;
+    case Q8_0: return Fmt<Q8_0>::TS;
+    case Q4_K: return Fmt<Q4_K>::TS;
+    case Q5_K: return Fmt<Q5_K>::TS;
+    case Q6_K: return Fmt<Q6_K>::TS;
+    default: return -1;
+  }
+}
+
+// float16 bits at p -> float32 (exact)
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (e == 0) {  // zero or subnormal: man * 2^-24 is exact in float32
+    float f = (float)man * 5.9604644775390625e-8f;
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (e == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((e + 112) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// Q4_K / Q5_K: the 8 six-bit (scale, min) pairs packed in the 12 bytes at s
+inline void k_scale_min(const uint8_t* s, uint8_t (&sc)[8], uint8_t (&mn)[8]) {
+  for (int j = 0; j < 4; j++) {
+    sc[j] = s[j] & 0x3F;
+    mn[j] = s[4 + j] & 0x3F;
+    sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
+    mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
+  }
+}
+
+}  // namespace swk_gguf
+
+#endif  // SWIFTK_CPU_GGUF_H_

@@ -1,0 +1,213 @@
+"""Acceptance of a verified token tree: which drafted nodes to keep and which token the target adds.
+
+Tree: N nodes in topological order, ``parents[0] == -1`` and ``parents[i] < i``; node 0 is the root, the pending
+token. ``tokens[i]`` is node i's token. Children of a node are tried in increasing index order. Row i of the target
+(logits or probs) is the target's next-token distribution after the path root..i.
+
+Invariant (what makes decoding lossless): the tokens emitted by a round -- the accepted path after the root, then
+the bonus -- are distributed exactly as if the target had generated them one at a time.
+  * greedy: they are the target's argmax continuation (``accept_greedy``).
+  * sampling (``accept_sampling``): recursive rejection sampling over the tree (SpecInfer-style multi-candidate
+    speculative sampling). At a node with current target distribution r, child c (token x, drawn from q_c) is
+    accepted with probability min(1, r(x) / q_c(x)); on acceptance the walk moves to c and r becomes c's target
+    row; on rejection r <- normalise(max(r - q_c, 0)) and the next sibling is tried. When no child is accepted
+    (or the node is a leaf) the bonus token is drawn from r.
+
+Which q_c is right depends on how the drafter drew the children of a node whose draft distribution is q:
+  * ``draft_probs`` given, ``replacement=True``: children are i.i.d. draws from q, *all* kept in draw order,
+    duplicates included; q_c = q. A repeated token is never accepted (its residual is already 0) but it still
+    counts as a draw and updates the residual. Merging duplicates, or skipping their residual update, under
+    this rule is biased (exact enumeration: up to 0.2 total variation on 3-token vocabularies).
+  * ``draft_probs`` given, ``replacement=False``: children are sequential draws without replacement (e.g.
+    ``sampling.sample_without_replacement``); q_c = q with the earlier siblings' tokens zeroed, renormalised.
+    This rule is also lossless for i.i.d. draws with duplicates merged (first occurrence kept, in order): the
+    distinct tokens of i.i.d. draws are distributed as draws without replacement, stopped at a count that does
+    not depend on the verifier's randomness. Repeats left in the tree are skipped (their q_c is 0), which is
+    the same as merging them.
+  * ``draft_probs=None``: the children are chosen deterministically (e.g. the draft's top-k, as SWIFT's tree
+    builder does); q_c is a point mass on x, so x is accepted with probability r(x) and a rejection zeroes r(x).
+    This is lossless for any candidate set that does not look at the verifier's random numbers. Passing
+    the draft's q for deterministically chosen children is NOT lossless.
+Edge cases: a child whose q_c(x) == 0 could not have been drawn; it is skipped (neither accepted nor a residual
+update). If max(r - q_c, 0) sums to zero (only when r == q_c up to rounding), r is kept.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from swiftk.errors import SwiftkError
+from swiftk.runtime.ops.cpu_linear import topk_rows
+from swiftk.decoding.tree import Tree, _check_parents, ancestor_matrix, depths, validate_tree  # noqa: F401
+
+
+def _path_and_bonus(on_path: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor, int]:
+    # The one host sync: path membership and bonus come back together.
+    packed = torch.cat([on_path.long(), bonus.reshape(1).long()]).cpu()
+    path = torch.nonzero(packed[:-1]).flatten()  # ancestors have smaller indices: root..last order
+    return path.to(on_path.device), int(packed[-1])
+
+
+def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor,
+                  anc: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, int]:
+    """Longest root-to-node path whose every non-root token is the target argmax at its parent.
+
+    ``target``: logits/probs [N, V] or argmax ids [N]. Returns (path: LongTensor of node indices root..last
+    accepted, bonus: the target argmax at the last path node). Among equally deep accepted nodes (only possible
+    with duplicate sibling tokens) the lowest index wins. One host sync.
+    """
+    n = _check_parents(parents)
+    if tokens.shape != (n,):
+        raise SwiftkError(f"tokens must have shape ({n},), got {tuple(tokens.shape)}")
+    if target.dim() == 2 and target.shape[0] == n:
+        top = topk_rows(target, 1)[:, 0]   # torch.argmax's choice (first maximal index)
+    elif target.shape == (n,) and not target.is_floating_point():
+        top = target
+    else:
+        raise SwiftkError(f"target must be [N={n}, V] logits/probs or [N] argmax ids, got {tuple(target.shape)}")
+    if top.device.type == "cpu":   # a walk over N <= 64 host ints beats a dozen tiny tensor ops (~0.5 ms)
+        return _greedy_walk(parents.tolist(), tokens.tolist(), top.tolist(), parents.device)
+    return _greedy_on_device(parents, tokens, top, anc)
+
+
+def _greedy_on_device(parents, tokens, top, anc=None) -> tuple[torch.Tensor, int]:
+    """accept_greedy in tensor ops and one host sync (on a GPU, per-node host work would wait on the device)."""
+    n = parents.shape[0]
+    if anc is None:
+        anc = ancestor_matrix(parents)
+    match = tokens.long() == top.long()[parents.long().clamp_min(0)]
+    match[0] = True  # the root is already committed to
+    ok = ~(anc & ~match[None, :]).any(dim=1)
+    idx = torch.arange(n, device=parents.device)
+    score = torch.where(ok, (anc.sum(dim=1) - 1) * n + (n - 1 - idx), torch.full_like(idx, -1))
+    best = score.argmax()
+    return _path_and_bonus(anc[best], top[best])
+
+
+def _greedy_walk(par: list, tok: list, top: list, device) -> tuple[torch.Tensor, int]:
+    """accept_greedy on host lists: a node is accepted when its parent was and its token is the parent's argmax;
+    the deepest accepted node wins, the lowest index among equally deep ones (as the tensor version)."""
+    ok, depth, best = [True] + [False] * (len(par) - 1), [0] * len(par), 0
+    for i in range(1, len(par)):
+        p = par[i]
+        if ok[p] and tok[i] == top[p]:
+            ok[i], depth[i] = True, depth[p] + 1
+            if depth[i] > depth[best]:
+                best = i
+    path = [best]
+    while path[-1] > 0:
+        path.append(par[path[-1]])
+    return torch.tensor(path[::-1], dtype=torch.long, device=device), int(top[best])
+
+
+def accept_sampling_batched(
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    replacement: bool,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """B independent trees sharing one shape: tokens [B, N], target_probs / draft_probs [B, N, V].
+
+    Returns (accepted [B, N] bool, marking each tree's path root..last, bonus [B] long). No host sync: one pass
+    over the nodes in index order, with per-tree state (current node, residual r, remaining draft mass) kept on
+    device. This works because node i's siblings and children all come after its parent.
+    """
+    n = _check_parents(parents)
+    if tokens.dim() != 2 or tokens.shape[1] != n:
+        raise SwiftkError(f"tokens must be [B, N={n}], got {tuple(tokens.shape)}")
+    b = tokens.shape[0]
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (b, n):
+        raise SwiftkError(f"target_probs must be [B={b}, N={n}, V], got {tuple(target_probs.shape)}")
+    if draft_probs is not None and draft_probs.shape != target_probs.shape:
+        raise SwiftkError(f"draft_probs shape {tuple(draft_probs.shape)} != target_probs {tuple(target_probs.shape)}")
+    dev = tokens.device
+    target_probs = target_probs.float()
+    par = parents.long().to(dev)
+    tok = tokens.long()
+    rows = torch.arange(b, device=dev)
+    # A sibling repeating an earlier sibling's token is never accepted (see module docstring).
+    same_parent = par[:, None] == par[None, :]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=dev).tril(-1)
+    dup = ((tok[:, :, None] == tok[:, None, :]) & (same_parent & earlier)[None]).any(dim=2)
+
+    u = torch.rand(b, n, generator=generator, device=dev)
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    accepted = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    accepted[:, 0] = True
+    r = target_probs[:, 0].clone()
+    q_left = None if draft_probs is None else draft_probs[:, 0].float().clone()
+    for i in range(1, n):
+        x = tok[:, i]
+        active = cur == par[i]
+        if q_left is None:  # deterministic candidate: point mass on x
+            q_c = torch.zeros_like(r).scatter_(1, x[:, None], 1.0)  # one_hot would sync to check x
+        elif replacement:
+            q_c = q_left
+        else:
+            mass = q_left.sum(dim=1, keepdim=True)
+            q_c = torch.where(mass > 0, q_left / mass.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+        qx = q_c[rows, x]
+        rx = r[rows, x]
+        tried = active & (qx > 0)
+        # u < r(x)/q(x) without dividing: certain acceptance when r(x) >= q(x).
+        take = tried & ~dup[:, i] & (u[:, i] * qx < rx)
+        reject = tried & ~take
+        resid = (r - q_c).clamp_min(0.0)
+        total = resid.sum(dim=1, keepdim=True)
+        upd = (reject[:, None] & (total > 0))
+        r = torch.where(upd, resid / total.clamp_min(torch.finfo(torch.float32).tiny), r)
+        if q_left is not None and not replacement:
+            q_left = torch.where(tried[:, None], q_left.scatter(1, x[:, None], 0.0), q_left)
+        r = torch.where(take[:, None], target_probs[:, i], r)
+        if q_left is not None:
+            q_left = torch.where(take[:, None], draft_probs[:, i].float(), q_left)
+        cur = torch.where(take, i, cur)
+        accepted[:, i] = take
+    bonus = torch.multinomial(r, 1, generator=generator).squeeze(1)
+    return accepted, bonus
+
+
+def accept_sampling(
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: Optional[torch.Tensor],
+    replacement: bool,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, int]:
+    """Lossless tree speculative sampling for one tree: tokens [N], target_probs / draft_probs [N, V].
+
+    ``draft_probs`` row i is the processed draft distribution node i's children were drawn from, or None for
+    deterministically chosen children (see the module docstring for which rule fits which drafter).
+    Returns (path: LongTensor of node indices root..last accepted, bonus token). One host sync.
+    """
+    n = _check_parents(parents)
+    if tokens.shape != (n,):
+        raise SwiftkError(f"tokens must have shape ({n},), got {tuple(tokens.shape)}")
+    if target_probs.dim() != 2:
+        raise SwiftkError(f"target_probs must be [N, V], got {tuple(target_probs.shape)}")
+    accepted, bonus = accept_sampling_batched(
+        parents,
+        tokens[None],
+        target_probs[None],
+        None if draft_probs is None else draft_probs[None],
+        replacement,
+        generator,
+    )
+    return _path_and_bonus(accepted[0], bonus[0])
+
+
+def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str] = None,
+                generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, int]:
+    """Acceptance of a built :class:`~swiftk.decoding.tree.Tree`.
+
+    ``target``: [N, V] scores whose argmax is the target's choice (greedy: logits; coupled sampling: perturbed
+    log-probs, see ``sampler.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs for
+    multi-candidate rejection sampling against ``tree.draft_probs``."""
+    if draft_probs_rule == "rejection":
+        return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
+                               generator=generator)
+    return accept_greedy(tree.parents, tree.tokens, target, anc=tree.mask.ancestors)

@@ -1,0 +1,284 @@
+"""What decoding costs on the device it runs on, and the gate that decides from it whether a draft pays.
+
+Speed model (docs/design.md): with one decode step costing ``step`` seconds, a round that drafts k tokens at ``draft``
+each and verifies T nodes at ``v(T)`` emits M tokens; it pays when M / (k*draft + v(T)) > 1 / step.
+
+:class:`CostModel` starts from priors (a draft step costs the share of weight bytes it reads, plus an overhead
+share; a verify pass of T tokens costs ``1 + slope*(T-1)`` steps) and refines every figure from the passes it
+observes (exponential moving averages), so it needs no start-up benchmark; the engine persists it per device.
+:class:`Gate` turns it and the sources' acceptance estimates into per-round decisions: draft or take a plain step,
+how deep, how many tree nodes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..runtime.model import nbytes
+
+_EMA = 0.2
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+_MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree_size)
+# Observations (steps and verify passes) after which a verify estimate above the prior has moved halfway back to
+# it. A pessimistic estimate is self-sealing -- the gate stops choosing that size, so nothing corrects it; an
+# optimistic one is corrected by the passes it invites.
+_HALF_LIFE = 512
+
+
+def ema(old: Optional[float], new: float) -> float:
+    if old is None:
+        return new
+    new = min(new, 3.0 * old)  # one OS hiccup must not swing the model
+    return old + _EMA * (new - old)
+
+
+class CostModel:
+    def __init__(self, model):
+        c, L0 = model.cfg, model.layers[0]
+        self.attn_bytes = sum(nbytes(t) for t in (L0.wqkv, L0.wo))
+        self.mlp_bytes = sum(nbytes(t) for t in (L0.w_gate_up, L0.w_down))
+        self.head_bytes = nbytes(model.lm_head)
+        self.total_bytes = c.n_layers * (self.attn_bytes + self.mlp_bytes) + self.head_bytes
+        gpu = model.device.type == "cuda"
+        # prior: extra verify cost per token, in steps (measured figures: docs/design.md, docs/performance.md). A
+        # cold engine prices its first rounds with it, so it errs on the costly side. CPU GGUF blocks: int8
+        # activations measured 0.15-0.2 on AVX2, float32 activations 0.3-0.35; float32 weights 0.05-0.07.
+        native = getattr(model, "weights", None) == "native"
+        act = getattr(model, "activations", "int8")
+        self.slope = 0.004 if gpu else (0.2 if act == "int8" else 0.35) if native else 0.07
+        self.step: Optional[float] = None     # seconds of a plain decode step
+        # bucket -> a verify pass of that many tokens, in decode steps: a ratio survives a machine that got
+        # uniformly slower or faster since it was measured (another job, another process's persisted figures)
+        self.verify: dict = {}
+        self._seen: dict = {}                 # bucket -> clock of its last observation
+        self._clock = 0                       # observations so far (the age unit of _HALF_LIFE)
+        self._memo, self._memo_clock = {}, 0  # T -> ratio(T), rebuilt on a verify observation or as beliefs age
+        self.overhead = 0.1                   # share of a step a draft never saves (launches, norms, Python)
+        self.opt: Optional[float] = None      # seconds of one matchness pass
+
+    @property
+    def clock(self) -> int:
+        """Observations so far: callers caching a figure derived from the model refresh it as this advances."""
+        return self._clock
+
+    # ---- observations
+    def observe_step(self, dt: float) -> None:
+        self.step = ema(self.step, dt)
+        self._clock += 1
+
+    def observe_verify(self, T: int, dt: float) -> None:
+        if T == 1:
+            return self.observe_step(dt)
+        if self.step is None:   # no plain step yet: the prior's shape stands in for one
+            return self.observe_step(dt / self._prior_v(T))
+        b = min(BUCKETS, key=lambda x: abs(x - T))
+        r = dt / self.step * self._prior_v(b) / self._prior_v(T)
+        old = self.verify.get(b)
+        if old is None:  # a first observation is clipped too (to 3x the estimate so far): one hiccup must not stick
+            r = min(r, 3.0 * self.ratio(b))
+        self.verify[b] = ema(old, r)
+        self._seen[b] = self._clock
+        self._clock += 1
+        self._memo.clear()
+
+    def observe_draft(self, kf: float, dt: float) -> None:
+        """A draft step that read ``kf`` of a decode step's weight bytes took ``dt`` seconds."""
+        if self.step is None:
+            return
+        if kf < 0.999:
+            o = min(0.95, max(0.0, (dt / self.step - kf) / (1.0 - kf)))
+            self.overhead += _EMA * (o - self.overhead)
+
+    def observe_opt(self, dt: float) -> None:
+        self.opt = ema(self.opt, dt)
+
+    # ---- estimates (seconds)
+    def _prior_v(self, T: float) -> float:
+        return 1.0 + self.slope * (T - 1)
+
+    def v(self, T: int) -> float:
+        """Seconds of a verify pass over T tokens."""
+        return (self.step or 1.0) * self.ratio(T)
+
+    def ratio(self, T: int) -> float:
+        """A verify pass over T tokens in decode steps: the nearest measured bucket scaled by the prior's shape,
+        never above a measured larger pass (noise), never below one step."""
+        if T <= 1:
+            return 1.0
+        if not self._memo or self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not per step
+            self._memo, self._memo_clock = {}, self._clock
+        r = self._memo.get(T)
+        if r is None:
+            if not self.verify:
+                r = self._prior_v(T)
+            else:
+                b = min(self.verify, key=lambda x: abs(x - T))
+                r = self._believed(b) * self._prior_v(T) / self._prior_v(b)
+                r = min([r] + [self._believed(x) for x in self.verify if x >= T])
+            r = self._memo[T] = max(1.0, r)
+        return r
+
+    def _believed(self, b: int) -> float:
+        """The estimate for bucket b; one above the prior drifts back to it while b goes unobserved."""
+        r, p = self.verify[b], self._prior_v(b)
+        if r <= p:
+            return r
+        age = self._clock - self._seen.get(b, self._clock)
+        return p + (r - p) * 0.5 ** (age / _HALF_LIFE)
+
+    def kept_fraction(self, skip: Optional[torch.Tensor], head_bytes: Optional[int] = None) -> float:
+        """Share of the weight bytes a draft step with ``skip`` reads (the LM head is never skipped; a reduced
+        draft head reads ``head_bytes``)."""
+        if skip is None:
+            return 1.0
+        s = skip.view(-1, 2).cpu()
+        n_attn, n_mlp = int(s[:, 0].sum()), int(s[:, 1].sum())
+        head = self.head_bytes if head_bytes is None else head_bytes
+        kept = (self.total_bytes - self.head_bytes + head - n_attn * self.attn_bytes - n_mlp * self.mlp_bytes)
+        return kept / self.total_bytes
+
+    def draft(self, kf: float) -> float:
+        """Seconds of a draft step that reads ``kf`` of the weight bytes."""
+        step = self.step or 1.0
+        return step * (self.overhead + (1.0 - self.overhead) * kf)
+
+    def expected_rate(self, matchness: float, kf: float, max_k: int = 16) -> float:
+        """Tokens per step-time of drafting chains with per-token acceptance ``matchness``, at the best depth
+        (the optimizer's speed objective; 1.0 = plain decoding)."""
+        step = self.step or 1.0
+        c, best, tokens, surv = self.draft(kf), 0.0, 1.0, 1.0
+        for k in range(1, max_k + 1):
+            surv *= matchness
+            tokens += surv
+            best = max(best, tokens * step / (k * c + self.v(k + 1)))
+        return best
+
+    def break_even(self, kf: float) -> float:
+        """The per-token acceptance at which drafting chains that read ``kf`` of the weight bytes just matches
+        plain decoding (``expected_rate`` = 1); above 1.0 where not even full acceptance would."""
+        if self.expected_rate(1.0, kf) < 1.0:
+            return 2.0
+        lo, hi = 0.0, 1.0
+        for _ in range(16):   # expected_rate grows with the acceptance
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if self.expected_rate(mid, kf) >= 1.0 else (mid, hi)
+        return hi
+
+    def budget(self, limit: float = 1.6) -> int:
+        """Largest tree whose verify pass costs at most ``limit`` steps (speculate='always' with auto budget)."""
+        step = self.step or 1.0
+        return max([T for T in BUCKETS if T >= 4 and self.v(T) <= limit * step] or [4])
+
+    def to_dict(self) -> dict:
+        step = self.step or 1.0
+        return {"step_s": self.step, "verify_s": {str(k): r * step for k, r in sorted(self.verify.items())},
+                "draft_overhead": self.overhead, "opt_step_s": self.opt, "attn_bytes": self.attn_bytes,
+                "mlp_bytes": self.mlp_bytes, "head_bytes": self.head_bytes}
+
+    def load_dict(self, d: dict) -> None:
+        step, opt = d.get("step_s"), d.get("opt_step_s")
+        for name, v in (("step_s", step), ("opt_step_s", opt)):   # no pass takes under a microsecond
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 1e-6 < v < 60):
+                raise ValueError(f"implausible {name} {v!r}")
+        self.step = step
+        # seconds in the file (readable), ratios here; figures from another process count as two half-lives old
+        # (one above the prior is a quarter believed: it may come from a run that shared the machine)
+        self.verify = {int(k): float(v) / step for k, v in (d.get("verify_s") or {}).items()
+                       if step and int(k) in BUCKETS and 0 < float(v) < 60}
+        self._seen = {b: self._clock - 2 * _HALF_LIFE for b in self.verify}
+        self._memo.clear()
+        self.overhead = min(0.95, max(0.0, float(d.get("draft_overhead", self.overhead))))
+        self.opt = opt
+
+
+class Gate:
+    """Per-round decisions from the cost model and the acceptance estimates, for one call.
+
+    ``speculate="always"`` is the paper's rule (draft every round, stop below ``eps``, fixed tree budget).
+    ``"auto"`` drafts while the expected tokens per second of the round grows, keeps the tree nodes that pay for
+    their verify cost, and takes plain steps when recent drafting rounds were slower than plain decoding --
+    probing again after a gap that doubles on every failed probe (so a text that becomes predictable is noticed
+    and an unpredictable one costs a few percent at most). The model drafter's record (``memory``, a
+    state.GateMemory) carries across calls; the free sources' probing belongs to one text and lives here."""
+
+    def __init__(self, costs: CostModel, memory, cfg):
+        self.costs, self.memory, self.cfg = costs, memory, cfg
+        self.auto = cfg.speculate == "auto"
+        self.free_since = 0     # free proposals declined since the last one verified
+        self.free_gap = 4       # ... after which one is verified anyway (a probe), doubling while probes miss
+        self.probing = False    # the tree being verified is such a probe
+
+    def should_draft(self) -> bool:
+        m = self.memory
+        if not self.auto or m.draft_rate is None or m.draft_rate > 1.0:
+            return True
+        m.since_draft += 1
+        return m.since_draft >= m.probe_gap
+
+    def drafted(self, rate: float) -> None:
+        """After a round that drafted: its measured rate in plain-step units (1.0 = as fast as plain)."""
+        m = self.memory
+        was_probe = m.draft_rate is not None and m.draft_rate <= 1.0
+        m.draft_rate = ema(m.draft_rate, rate) if m.draft_rate is not None else rate
+        m.since_draft = 0
+        if was_probe:
+            m.probe_gap = 4 if m.draft_rate > 1.0 else min(128, m.probe_gap * 2)
+
+    def free_size(self, sunk_s: float, values: list) -> int:
+        """``tree_size`` for a round with only free nodes, plus probing: the free sources' estimates learn only
+        from verified proposals, so once they fall below break-even (chat) they would never see the text start
+        repeating (code after chat). Every ``free_gap``-th declined proposal is verified anyway (its first node,
+        the cheapest pass); the gap doubles while probes miss and resets when one is accepted."""
+        n = self.tree_size(sunk_s, values)
+        if n or not self.auto or not values:
+            self.free_since = 0
+            return n
+        if not self.tree_size(sunk_s, [1.0] * len(values)):
+            return 0   # not even a certain proposal would pay for its verify pass: a probe can only lose
+        self.free_since += 1
+        if self.free_since < self.free_gap:
+            return 0
+        self.free_since, self.probing = 0, True
+        return 1
+
+    def probed(self, hit: bool) -> None:
+        """The outcome of a verified probe (only called while ``probing``)."""
+        self.probing = False
+        self.free_gap = 4 if hit else min(128, self.free_gap * 2)
+
+    def keep_drafting(self, depth: int, conf: float, a: float, surv: float, tokens: float, step_s: float) -> bool:
+        """After ``depth`` draft steps of ``step_s`` seconds each (top-1 probability ``conf``, calibrated ``a``;
+        chain survival ``surv``, expected tokens ``tokens``): one more?"""
+        if not self.auto:
+            return conf >= self.cfg.eps
+        c = self.costs
+        sunk = depth * step_s
+        now = tokens / (sunk + c.v(depth + 1))
+        more = (tokens + surv * a) / (sunk + step_s + c.v(depth + 2))
+        return more > now
+    @property
+    def value_floor(self) -> float:
+        """Nodes less likely than this to be accepted are never worth verifying: a node pays only if its chance
+        exceeds its extra verify cost in steps, and that cost is at least half the prior's slope on every device
+        measured (CPU 0.03-0.06 per token, H100 ~0.004). Chains are cut there before they are built."""
+        return 0.5 * self.costs.slope if self.auto else 0.0
+
+    def tree_size(self, sunk_s: float, values: list) -> int:
+        """Non-root nodes to verify, given their acceptance values sorted best first and the time already spent."""
+        if not self.auto:
+            return len(values)
+        c = self.costs
+        plain = 1.0 / (sunk_s + c.v(1))
+        best_n, best, tokens = 0, plain, 1.0
+        floor = self.value_floor
+        for n, val in enumerate(values, 1):
+            if val < floor:   # sorted: no later node pays either
+                break
+            tokens += val
+            r = tokens / (sunk_s + c.v(n + 1))
+            if r > best:
+                best_n, best = n, r
+        # a predicted gain within the cost model's error (noisy timings, host work per round it does not price)
+        # is not worth a verify pass: the loop must never be slower than plain decoding
+        return best_n if best >= plain * (1.0 + _MARGIN) else 0

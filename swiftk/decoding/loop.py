@@ -1,0 +1,113 @@
+"""The speculative round, whatever drafts:
+
+  gather proposals (a model drafter's levels, free sources' chains) -> build the tree the gate says pays
+  -> one verify pass -> accept (blind to who drafted) -> commit -> each source learns from its nodes
+
+or, when nothing pays, one plain decode step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .acceptance import accept_tree
+from ..proposers.base import Context
+from .session import Session
+from .tree import Chain, build_tree
+
+
+def speculative_decode(s: Session, drafter, sources: list):
+    """Decode with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None) and the free
+    ``sources`` (proposers.base.FreeSource) until the sink stops. Returns the call's DecodeStats."""
+    owners = {src.name: src for src in sources}
+    learners = [src for src in sources if src.learns]   # Token Recycling: the target's scores after each token
+    if drafter is not None:
+        owners[drafter.name] = drafter
+    costs, gate = s.costs, s.gate
+    s.start()
+    while not s.done:
+        phase = drafter.optimize(s) if drafter is not None else "accelerate"
+        t = time.perf_counter()
+        levels, chains = [], []
+        if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
+            levels = drafter.propose(s) if drafter is not None else []
+            ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
+            chains = [c for src in sources for c in as_chains(src.propose(ctx))]
+        t_draft = time.perf_counter() - t
+        tree = None
+        if levels or chains:
+            size = gate.tree_size if levels else gate.free_size
+            tree = build_tree(s.tokens[-1], levels, s.cache.length, s.max_nodes, s.model.device, chains=chains,
+                              calibrate=drafter.calibrate if levels and gate.auto else (lambda p: p),
+                              choose_size=lambda vals: size(t_draft, vals) if gate.auto or not levels else len(vals))
+        if levels:
+            drafter.observe_cost(t_draft / len(levels))
+        t = s.timer.add("draft", t)
+
+        if tree is None or tree.size == 1:
+            root = s.tokens[-1]
+            logits = s.plain_step(phase)
+            for src in learners:
+                src.learn(torch.tensor([root]), logits)
+            if levels:   # drafted, but no node was worth verifying: a round slower than a plain step
+                gate.drafted(costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(1)))
+            continue
+
+        logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
+        path, bonus = accept(s, tree, logits)
+        for src in learners:
+            src.learn(tree.tokens[path], logits[path])
+        t_verify = s.timer.add("verify", t) - t
+        costs.observe_verify(tree.size, t_verify)
+        for i, hit in tree.outcomes(path.tolist()):
+            owners[tree.source[i]].observe(tree.key[i], hit)
+        if gate.probing:
+            gate.probed(path.shape[0] > 1)
+        if levels:   # the round's speed in plain-step units, priced by the cost model
+            gate.drafted(path.shape[0] * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
+        t = time.perf_counter()
+        s.commit(tree, path, bonus, phase, t_draft, t_verify, len(levels))
+        s.timer.add("other", t)
+    if drafter is not None:
+        drafter.finish(s.stats)
+    return s.finish()
+
+
+def as_chains(proposal) -> list:
+    """A source's proposal as a list of non-empty chains (it may return one Chain, a list of them, or None)."""
+    if proposal is None:
+        return []
+    if isinstance(proposal, Chain):
+        return [proposal] if proposal.tokens else []
+    return [c for c in proposal if c is not None and c.tokens]
+
+
+def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
+    """One target pass over the tree -> logits [N, vocab].
+
+    With a KVQ ``boundary`` f, the spine nodes the draft already ran start at layer f from their kept residual
+    (their KV below f is in place); only the other nodes run layers [0, f), attending to the prefix and their
+    ancestors, before all nodes run layers [f, L) together."""
+    n, N, dev = tree.mask.prefix_len, tree.size, model.device
+    slots = torch.arange(n, n + N, device=dev)
+    pos = n + tree.depth
+    if boundary is None:
+        return model.forward(tree.tokens, pos, slots, cache, attn_mask=tree.mask)
+    ns = tree.n_spine
+    h = torch.empty(N, model.cfg.hidden_size, dtype=model.dtype, device=dev)
+    h[:ns] = torch.cat([levels[j].hidden for j in range(ns)])
+    if ns < N:
+        mask = tree.mask.dense(rows=slice(ns, N))
+        h[ns:] = model.forward_to(boundary, tree.tokens[ns:], pos[ns:], slots[ns:], cache, attn_mask=mask)
+    return model.forward_from(boundary, h, pos, slots, cache, attn_mask=tree.mask)
+
+
+def accept(s: Session, tree, logits) -> tuple:
+    """(accepted path, bonus token): greedy or coupled sampling on the target's scores, or tree rejection
+    sampling (sampling="rejection") against the draft's distributions."""
+    if s.rejection:
+        return accept_tree(tree, s.sampler.sp.probs(logits), "rejection", s.sampler.generator)
+    if s.sampler.greedy:
+        return accept_tree(tree, logits)
+    return accept_tree(tree, s.sampler.scores(logits, (s.cache.length + 1 + tree.depth).tolist()))

@@ -1,0 +1,49 @@
+"""The plain target passes every method shares: prefill, one autoregressive step, and plain autoregressive
+decoding (the reference method). The speculative round's verify pass is loop.py's."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .output import DecodeStats, TokenSink
+from .sampler import Sampler
+
+def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
+    """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache)."""
+    dev = model.device
+    P = len(prompt_ids)
+    cache.reset()
+    ar = torch.arange(P, device=dev)
+    logits = model.forward(torch.tensor(prompt_ids, device=dev), ar, ar, cache,
+                           logits_idx=torch.tensor([P - 1], device=dev))
+    cache.advance(P)
+    return sampler.pick(logits[0], P)
+
+
+def plain_step(model, cache, token: int, sampler: Sampler) -> int:
+    """One autoregressive step: ``token`` goes into the cache, the next token comes back."""
+    return step_logits(model, cache, token, sampler)[0]
+
+
+def step_logits(model, cache, token: int, sampler: Sampler) -> tuple:
+    """:func:`plain_step` that also returns the target's scores [1, V] for the next position."""
+    dev = model.device
+    n = cache.length
+    pos = torch.tensor([n], device=dev)
+    logits = model.forward(torch.tensor([token], device=dev), pos, pos, cache, start=n)
+    cache.advance(1)
+    sampler.release(n + 1)
+    return sampler.pick(logits[0], n + 1), logits
+
+
+def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:
+    """Plain decoding: prefill, then one target forward per token."""
+    t = time.perf_counter()
+    tok = prefill(model, cache, prompt_ids, sampler)
+    t_prefill = time.perf_counter() - t
+    steps = 1
+    while not sink.push(tok):
+        tok = plain_step(model, cache, tok, sampler)
+        steps += 1
+    return DecodeStats(decoding_steps=steps, plain_steps=steps - 1, time_prefill_s=t_prefill)

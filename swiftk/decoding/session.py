@@ -1,0 +1,90 @@
+"""One call's decoding state, in one owner: the sequence so far, the sampler, the output sink, the gate's per-call
+decisions, the telemetry. The decode round (loop.py) reads it top to bottom; the KV cache moves its own cursor.
+
+Slot layout during a round with ``n`` committed tokens: slots [0, n) hold committed target KV; the pending token
+(the tree's root, emitted but not yet in the cache) and the tree go to slots n, n+1, ...; draft steps and the
+search's matchness passes write scratch KV there too. ``cache.commit`` moves the accepted path's KV to n, n+1, ...
+"""
+from __future__ import annotations
+
+import time
+
+from .costs import CostModel, Gate
+from .output import DecodeStats, Timer, TokenSink
+from .passes import prefill, step_logits
+from .sampler import Sampler
+from .tree import DRAFT, ROOT
+
+
+class Session:
+    def __init__(self, model, cache, costs: CostModel, gate: Gate, sampler: Sampler, sink: TokenSink, cfg,
+                 prompt_ids: list, source_names=()):
+        self.model, self.cache, self.costs, self.gate = model, cache, costs, gate
+        self.sampler, self.sink, self.cfg = sampler, sink, cfg
+        self.tokens = list(prompt_ids)   # prompt + emitted tokens; once prefilled the last is the pending root
+        self.prompt_len = len(prompt_ids)
+        self.rejection = not sampler.greedy and cfg.sampling == "rejection"
+        self.bins = cfg.topk_greedy if sampler.greedy else cfg.topk_sampling
+        self.max_nodes = cfg.max_tree_nodes or (64 if gate.auto else costs.budget())
+        self.stats, self.timer = DecodeStats(), Timer()
+        self.stats.accepted_by_source = {name: 0 for name in (DRAFT, *source_names)}
+        self.stats.max_tree_nodes = self.max_nodes
+        self.t_start = time.perf_counter()
+        self.done = False
+
+    @property
+    def measured(self) -> bool:
+        """The cost model has timed a plain step (an engine's first round is one): drafts can be priced."""
+        return self.costs.step is not None
+
+    def start(self) -> None:
+        """Prefill the prompt; the first new token becomes the pending root."""
+        t = time.perf_counter()
+        self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler))
+        self.stats.decoding_steps = 1
+        self.timer.add("prefill", t)
+        self.done = self.sink.push(self.tokens[-1])
+
+    def plain_step(self, phase: str):
+        """The cheapest way to the next token when no draft pays. Returns the target's scores [1, V] after the
+        token it read (the old root)."""
+        t0 = time.perf_counter()
+        tok, logits = step_logits(self.model, self.cache, self.tokens[-1], self.sampler)
+        self.tokens.append(tok)
+        st = self.stats
+        st.decoding_steps += 1
+        st.plain_steps += 1
+        if self.cfg.trace:
+            st.phases.append("plain" if phase == "accelerate" else phase)
+        self.done = self.sink.push(self.tokens[-1])
+        self.costs.observe_step(self.timer.add("verify", t0) - t0)
+        return logits
+
+    def commit(self, tree, path, bonus: int, phase: str, t_draft: float, t_verify: float, n_levels: int) -> None:
+        """The accepted path's KV into the committed prefix, its tokens and the bonus into the sequence."""
+        self.cache.commit(path, tree.n_spine)
+        self.sampler.release(self.cache.length)
+        new = tree.tokens[path].tolist()[1:] + [bonus]   # path[0] is the old root, already in the sequence
+        self.tokens += new
+        st, L = self.stats, len(new)
+        for i in path.tolist()[1:]:
+            st.accepted_by_source[tree.source[i]] = st.accepted_by_source.get(tree.source[i], 0) + 1
+        st.drafted_tokens += n_levels + sum(1 for x in tree.source if x not in (ROOT, DRAFT))   # spine + free
+        st.accepted_tokens += L - 1
+        st.rounds += 1
+        if self.cfg.trace:   # per-round lists: debugging and plots (they grow with the output)
+            expect = (1.0 + sum(tree.value[1:])) / (t_draft + self.costs.v(tree.size))
+            st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t_verify, 1e-9), 3)))
+            st.accept_lengths.append(L)
+            st.tree_sizes.append(tree.size)
+            st.phases.append(phase)
+        st.decoding_steps += 1
+        self.done = self.sink.extend(new)
+
+    def finish(self) -> DecodeStats:
+        st, tot = self.stats, self.timer.totals
+        st.time_prefill_s = tot.get("prefill", 0.0)
+        st.time_optimize_s, st.time_draft_s = tot.get("optimize", 0.0), tot.get("draft", 0.0)
+        st.time_verify_s, st.time_other_s = tot.get("verify", 0.0), tot.get("other", 0.0)
+        st.costs = self.costs.to_dict()
+        return st.finish()

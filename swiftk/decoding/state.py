@@ -1,0 +1,176 @@
+"""The learned state: what decoding learns and carries from one prompt to the next, in one owner.
+
+It holds the skip-set search (whose incumbent *is* the layer-skip draft's skip set), the calibration of draft
+probabilities into acceptance chances, the gate's memory of how drafting rounds paid, the estimates of the free
+sources that carry across prompts (session history, corpus), the session's earlier outputs, and counters. The
+engine keeps one per method (and per fixed skip set); a benchmark may pass its own with ``generate(..., state=)``.
+
+Serialised whole and versioned (``to_dict`` / ``from_dict``): a round trip through a file gives back every learned
+estimate. What belongs to one text (context n-gram estimates, probing) lives in the call and is never saved; the
+session's outputs are user data and stay in memory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..atomic import write_json_atomic
+from ..runtime.config import OptimizerConfig
+from ..errors import SwiftkError, warn
+from ..files import read_json
+from ..home import swiftk_home
+from ..proposers.suffix import OutputHistory
+from ..proposers.layerskip.search import SkipSetOptimizer
+from ..proposers.base import Estimates, calibration_bin, new_calibration  # noqa: F401
+from ..proposers.recycle import SuccessorTable
+
+STATE_VERSION = 3
+
+
+@dataclass
+class GateMemory:
+    """How recent model-drafting rounds paid (costs.Gate writes it, nothing else does): an EMA of their speed in
+    plain-step units, rounds since the last draft, and the gap after which a losing drafter is probed again."""
+
+    draft_rate: Optional[float] = None
+    since_draft: int = 0
+    probe_gap: int = 4
+
+    def to_dict(self) -> dict:
+        return {"draft_rate": self.draft_rate, "since_draft": self.since_draft, "probe_gap": self.probe_gap}
+
+    @staticmethod
+    def from_dict(d: dict) -> "GateMemory":
+        rate = d.get("draft_rate")
+        if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e3):
+            raise ValueError(f"bad draft_rate {rate!r}")
+        return GateMemory(None if rate is None else float(rate), min(10**6, max(0, int(d.get("since_draft", 0)))),
+                          min(128, max(1, int(d.get("probe_gap", 4)))))
+
+
+class LearnedState:
+    def __init__(self, n_layers: int, cfg: Optional[OptimizerConfig] = None):
+        self.n_layers = n_layers
+        self.cfg = (cfg or OptimizerConfig()).validate()
+        self.optimizer = SkipSetOptimizer(n_layers, self.cfg)
+        self.calibration = new_calibration()
+        self.gate = GateMemory()
+        self.estimates: dict = {}           # free source name -> Estimates (those with carries = True)
+        self.history = OutputHistory()      # the outputs decoded with this state (in memory only, never saved)
+        self._successors = None             # Token Recycling's table (in memory only), made at first use
+        self.tokens_seen = 0
+        self.time_decode_s = 0.0            # wall time decoded with this state (the search budget's base)
+        self.time_optimize_s = 0.0
+
+    @property
+    def skip_set(self):
+        """The layer-skip draft's skip set: the search's incumbent."""
+        return self.optimizer.best
+
+    @skip_set.setter
+    def skip_set(self, s) -> None:
+        self.optimizer.best = s.cpu().clone()
+
+    def use(self, skip, optimize: bool = False) -> None:
+        """Decode with ``skip`` from now on; by default stop optimizing (the acceleration phase starts at once)."""
+        self.skip_set = skip
+        if not optimize:
+            self.optimizer.finish()
+
+    def successors(self, vocab: int):
+        """Token Recycling's successor table for a ``vocab``-token model (made at first use; in memory only)."""
+        if self._successors is None or self._successors.table.shape[0] != vocab:
+            self._successors = SuccessorTable(vocab)
+        return self._successors
+
+    def source_estimates(self, name: str, make: Callable[[], Estimates]) -> Estimates:
+        """The carried estimates of free source ``name`` (made by ``make`` at first use, or after a saved table of
+        another shape)."""
+        est, fresh = self.estimates.get(name), make()
+        if est is None or len(est) != len(fresh):
+            est = self.estimates[name] = fresh
+        return est
+
+    # ---- persistence
+    def to_dict(self, identity: dict) -> dict:
+        return {"version": STATE_VERSION, "model": identity, "n_layers": self.n_layers,
+                "optimizer_config": {k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__},
+                "optimizer": self.optimizer.to_dict(), "calibration": self.calibration.to_dict(),
+                "gate": self.gate.to_dict(),
+                "estimates": {k: {**v.to_dict(), "decay": v.decay} for k, v in sorted(self.estimates.items())},
+                "tokens_seen": self.tokens_seen, "time_decode_s": self.time_decode_s,
+                "time_optimize_s": self.time_optimize_s}
+
+    @classmethod
+    def from_dict(cls, d: dict, identity: dict, n_layers: int, cfg: Optional[OptimizerConfig] = None,
+                  where: str = "decoding state") -> "LearnedState":
+        """Rebuild a saved state; SwiftkError names what is wrong (not a state, another model's, corrupt)."""
+        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+            raise SwiftkError(f"{where} is not a swiftk decoding state (version {STATE_VERSION})")
+        if d.get("model") != identity or d.get("n_layers") != n_layers:
+            raise SwiftkError(f"{where} is for another model ({(d.get('model') or {}).get('name')!r})")
+        st = cls(n_layers, cfg or OptimizerConfig())
+        try:
+            if cfg is None or d.get("optimizer_config") == st.to_dict(identity)["optimizer_config"]:
+                st.optimizer.load_dict(d["optimizer"])   # the search continues only under the same options
+            st.calibration.load_dict(d["calibration"])
+            st.gate = GateMemory.from_dict(d["gate"])
+            for name, e in d["estimates"].items():
+                decay = float(e["decay"])
+                if not 0 < decay < 1:
+                    raise ValueError(f"bad decay {decay!r}")
+                est = Estimates([0.0] * len(e["hits"]), decay=decay)
+                est.load_dict(e)
+                st.estimates[str(name)] = est
+            st.tokens_seen = max(0, int(d["tokens_seen"]))
+            st.time_decode_s, st.time_optimize_s = float(d["time_decode_s"]), float(d["time_optimize_s"])
+            if not all(math.isfinite(x) and 0 <= x < 1e9 for x in (st.time_decode_s, st.time_optimize_s)):
+                raise ValueError("decode/optimize times out of range")
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError, SwiftkError) as e:
+            raise SwiftkError(f"{where} is corrupt: {e}") from None
+        return st
+
+    def save(self, path, identity: dict, extra: Optional[dict] = None) -> None:
+        write_json_atomic(path, {**self.to_dict(identity), **(extra or {})})
+
+    @classmethod
+    def load(cls, path, identity: dict, n_layers: int, cfg: Optional[OptimizerConfig] = None) -> "LearnedState":
+        d = read_json(path, "decoding state")   # no NaN/Infinity, UTF-8, an object
+        return cls.from_dict(d, identity, n_layers, cfg, where=f"decoding state {path}")
+
+
+SkipSetState = LearnedState   # the name before draft sources were pluggable
+
+
+def state_file(identity: dict, device, dtype, weights, activations=None) -> Path:
+    """``$SWIFTK_HOME/state/<model>-<fingerprint>-<device>-<dtype>.json``: one file per model, device, dtype and
+    numerical model (weight format, activation arithmetic: the cost model and what drafts pay differ)."""
+    import hashlib
+
+    import torch
+
+    fp = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:12]
+    name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(identity.get("name") or "model"))
+    kind = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_")
+    dt = (str(dtype).replace("torch.", "") + (f"-w{weights}" if weights else "")
+          + (f"-a{activations}" if activations and activations != "float32" else ""))
+    return swiftk_home() / "state" / f"{name}-{fp}-{kind}-{dt}.json"
+
+
+def load_persisted(path, identity: dict, n_layers: int, cfg, costs) -> Optional[LearnedState]:
+    """The saved state (and, when measured with as many threads, the cost model into ``costs``); None with a
+    warning when the file is damaged or another model's."""
+
+    import torch
+
+    try:
+        st = LearnedState.load(path, identity, n_layers, cfg)
+        saved = read_json(path, "decoding state").get("costs") or {}
+        if saved.get("threads") == torch.get_num_threads():
+            costs.load_dict(saved)
+        return st
+    except (SwiftkError, ValueError, TypeError, ArithmeticError, AttributeError, OSError) as e:
+        warn(f"swiftk: ignoring the saved decoding state ({e}); starting fresh")
+        return None

@@ -1,0 +1,323 @@
+"""Corpus n-gram drafting: guess the next tokens from what followed the same last tokens in a fixed corpus.
+
+Prompt lookup (ngram.py) has nothing to copy until the text repeats itself; a corpus of the same kind of text often
+has: after ``for i in`` comes `` range``. The corpus here is the Python standard library's own
+source, which every Python install ships, so the tables are reproducible from the interpreter alone (the idea of
+retrieval drafting, REST, He et al. 2024; here exact n-gram tables instead of a suffix array). The drafts are free
+(a table lookup), so a first token right a small share of the time already pays for its share of a verify pass;
+the speed gate (costs.py) learns per table and confidence how often they are right
+and drafts only where that pays. Verification is the target's, as for every draft: output stays lossless.
+
+Tables, one per n in 1..MAX_N: key = the n tokens packed in 21 bits each (vocabularies up to 2M tokens) ->
+(the token that most often followed, its count, how often the key occurred), for keys seen >= MIN_COUNT times;
+sorted keys, looked up with np.searchsorted. Built once per tokenizer (model fingerprint) from the first
+``max_tokens`` corpus tokens and kept as .npz under $SWIFTK_HOME/datastore (no pickle; temp name, then rename).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+import sysconfig
+import threading
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..atomic import write_atomic
+from ..errors import SwiftkError, warn
+from ..files import regular_file
+from ..home import swiftk_home
+from .stdlib import stdlib_docs
+
+MAX_N = 3
+MIN_COUNT = 2
+BITS = 21
+FORMAT = 1
+DEFAULT_MAX_TOKENS = 3_000_000
+CONF_BINS = (0.25, 0.5, 0.75)   # share of the key's occurrences followed by the proposed token -> bin 0..3
+
+
+def bucket(n: int, share: float) -> int:
+    """Statistics bucket of a proposal: (match length, confidence bin) -> 0 .. MAX_N * 4 - 1."""
+    return (n - 1) * (len(CONF_BINS) + 1) + sum(share >= b for b in CONF_BINS)
+
+
+N_BUCKETS = MAX_N * (len(CONF_BINS) + 1)
+
+
+def _pack(ids: np.ndarray, n: int) -> np.ndarray:
+    """Keys of the n-grams ending at positions n-1 .. len-1 of ``ids``."""
+    L = len(ids) - n + 1
+    key = np.zeros(max(L, 0), dtype=np.int64)
+    for j in range(n):
+        key = (key << BITS) | ids[j:j + L]
+    return key
+
+
+class Datastore:
+    """Exact n-gram tables over a token corpus; ``propose`` continues a context greedily from them."""
+
+    def __init__(self, tables: dict):
+        self.tables = tables   # n -> (keys int64 sorted, next token int64, its count int64, key count int64)
+
+    @classmethod
+    def build(cls, token_ids, max_n: int = MAX_N, min_count: int = MIN_COUNT) -> "Datastore":
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= 1 << BITS)):
+            raise SwiftkError(f"datastore: token ids must be a flat list in [0, 2^{BITS})")
+        tables = {}
+        for n in range(1, max_n + 1):
+            if len(ids) <= n:
+                tables[n] = tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
+                continue
+            k, nxt = _pack(ids[:-1], n), ids[n:]        # n-gram ending at i, the token after it
+            order = np.lexsort((nxt, k))
+            k, nxt = k[order], nxt[order]
+            pair_start = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (nxt[1:] != nxt[:-1])])
+            pair_count = np.diff(np.r_[pair_start, len(k)])
+            pk, pn = k[pair_start], nxt[pair_start]
+            key_start = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
+            total = np.add.reduceat(pair_count, key_start)
+            best = np.lexsort((pn, -pair_count, pk))      # per key: most frequent next token first (ties: lowest id)
+            tok, cnt = pn[best][key_start], pair_count[best][key_start]
+            keep = total >= min_count
+            tables[n] = (pk[key_start][keep], tok[keep], cnt[keep], total[keep])
+        return cls(tables)
+
+    def max_token(self) -> int:
+        """The largest token id the tables can propose (-1 when empty)."""
+        return max((int(t[1].max()) for t in self.tables.values() if len(t[1])), default=-1)
+
+    def __len__(self) -> int:
+        return sum(len(t[0]) for t in self.tables.values())
+
+    def lookup(self, context: list) -> Optional[tuple]:
+        """(next token, match length n, share of the n-gram's occurrences it followed) for the longest known suffix
+        of ``context``, or None."""
+        for n in range(min(MAX_N, len(self.tables), len(context)), 0, -1):
+            keys, tok, cnt, tot = self.tables[n]
+            if not len(keys):
+                continue
+            key = 0
+            for t in context[-n:]:
+                if not 0 <= t < 1 << BITS:
+                    return None
+                key = (key << BITS) | int(t)
+            i = int(np.searchsorted(keys, key))
+            if i < len(keys) and int(keys[i]) == key:
+                return int(tok[i]), n, float(cnt[i]) / float(tot[i])
+        return None
+
+    def propose(self, context: list, k: int, prob=None, floor: float = 0.0) -> tuple:
+        """Up to ``k`` tokens continuing ``context`` (each the most frequent follower of the longest known suffix),
+        and the statistics bucket of each. Empty when the last token was never seen. With ``prob`` (bucket ->
+        estimated acceptance) the chain stops before its cumulative estimate falls below ``floor`` (after its first
+        token)."""
+        ctx, toks, buckets = list(context[-MAX_N:]), [], []
+        value = 1.0
+        for _ in range(k):
+            got = self.lookup(ctx)
+            if got is None:
+                break
+            t, n, share = got
+            b = bucket(n, share)
+            if prob is not None:
+                value *= prob(b)
+                if toks and value < floor:   # the first token stays: the gate's probes need one to verify
+                    break
+            toks.append(t)
+            buckets.append(b)
+            ctx = ctx[1:] + [t] if len(ctx) >= MAX_N else ctx + [t]
+        return toks, buckets
+
+    # ---- persistence
+    def save(self, path: Path) -> None:
+        arrays = {f"{name}{n}": a for n, t in self.tables.items() for name, a in zip(("keys", "tok", "cnt", "tot"), t)}
+        arrays["format"] = np.array([FORMAT, MAX_N, BITS], dtype=np.int64)
+
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        write_atomic(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: Path) -> "Datastore":
+        try:
+            with np.load(regular_file(path, "corpus table"), allow_pickle=False) as z:
+                if [int(x) for x in z["format"]] != [FORMAT, MAX_N, BITS]:
+                    raise SwiftkError(f"datastore {path}: unknown format")
+                tables = {n: tuple(np.asarray(z[f"{name}{n}"], dtype=np.int64) for name in ("keys", "tok", "cnt", "tot"))
+                          for n in range(1, MAX_N + 1)}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise SwiftkError(f"datastore {path}: not a corpus table swiftk wrote ({type(e).__name__}: {e})") from None
+        for n, (keys, tok, cnt, tot) in tables.items():
+            # what lookup() divides by and searches in: counts 1 <= cnt <= tot, sorted keys of n ids, ids in range
+            ok = len(keys) == len(tok) == len(cnt) == len(tot) and (not len(keys) or (
+                np.all(keys[1:] > keys[:-1]) and keys[0] >= 0 and keys[-1] < 1 << (BITS * n)
+                and tok.min() >= 0 and tok.max() < 1 << BITS and cnt.min() >= 1 and np.all(cnt <= tot)))
+            if not ok:
+                raise SwiftkError(f"datastore {path}: corrupt tables (n={n})")
+        return cls(tables)
+
+
+def stdlib_ids(tokenizer, max_tokens: int) -> list:
+    """The corpus: the standard library's modules in path order (test suites excluded), joined by EOS."""
+    eos = min(tokenizer.eos_ids) if tokenizer.eos_ids else 0
+    out: list = []
+    for ids in stdlib_docs(tokenizer):
+        if len(out) >= max_tokens:
+            break
+        out.extend(ids[: max_tokens - len(out)])
+        out.append(eos)
+    return out[:max_tokens]
+
+
+_lock = threading.Lock()
+
+
+def _table_path(fingerprint: str, max_tokens: int) -> Path:
+    tag = hashlib.sha256(f"{fingerprint}|{sys.version_info[:2]}|{sysconfig.get_paths()['stdlib']}|{max_tokens}|"
+                         f"{FORMAT}|{MAX_N}|{MIN_COUNT}".encode()).hexdigest()[:16]
+    return Path(swiftk_home()) / "datastore" / f"stdlib-{tag}.npz"
+
+
+def cached_stdlib_datastore(fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Optional[Datastore]:
+    """The stdlib tables of this tokenizer when $SWIFTK_HOME/datastore holds them (~0.1 s), else None."""
+    if not fingerprint:
+        return None
+    with _lock:
+        return _load_cached(_table_path(fingerprint, max_tokens))
+
+
+def _load_cached(path: Path) -> Optional[Datastore]:
+    if not os.path.lexists(path):
+        return None
+    try:
+        ds = Datastore.load(path)
+        os.utime(path)   # most recently used: evicted last
+        return ds
+    except Exception as e:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, not a file): rebuild
+        warn(f"swiftk: ignoring the corpus table {path} ({type(e).__name__}: {str(e)[:200]}); it is rebuilt")
+        return None
+
+
+def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
+    """The stdlib tables for this tokenizer, from $SWIFTK_HOME/datastore when built before (build: a few seconds
+    to ~30 s once, by the tokenizer's speed)."""
+    if not fingerprint:   # no identity to key a cached file on: build in memory
+        return Datastore.build(stdlib_ids(tokenizer, max_tokens))
+    path = _table_path(fingerprint, max_tokens)
+    with _lock:   # threads of one process build it once
+        ds = _load_cached(path)
+        if ds is not None:
+            return ds
+        ds = Datastore.build(stdlib_ids(tokenizer, max_tokens))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ds.save(path)
+            _evict(path.parent, keep=MAX_CACHED)
+        except OSError as e:   # a read-only cache: keep the tables in memory for this process
+            print(f"swiftk: datastore not cached ({e})", file=sys.stderr)
+        return ds
+
+
+MAX_CACHED = 4   # corpus tables kept in $SWIFTK_HOME/datastore (~15 MB each), one per tokenizer
+
+
+def _evict(folder: Path, keep: int) -> None:
+    """Delete all but the ``keep`` most recently used tables."""
+    tables = sorted(folder.glob("stdlib-*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in tables[keep:]:
+        old.unlink(missing_ok=True)
+
+
+__all__ = ["Datastore", "stdlib_datastore", "cached_stdlib_datastore", "bucket", "N_BUCKETS"]
+
+
+def corpus_fingerprint(tokenizer, identity: dict) -> str:
+    """What the tables are keyed by: the tokenizer (shared by model files with one tokenizer; a duck-typed one: the
+    model file)."""
+    return tokenizer.fingerprint() if hasattr(tokenizer, "fingerprint") else str(identity.get("fingerprint") or "")
+
+
+def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
+    """(tables, None) for an engine's tokenizer; (empty tables that propose nothing, the warning to give) when the
+    tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer). The caller warns:
+    this may run on a background thread, where a warning would reach nobody's filters."""
+    try:
+        ds = stdlib_datastore(tokenizer, corpus_fingerprint(tokenizer, identity))
+        if ds.max_token() >= vocab_size:
+            raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
+        return ds, None
+    except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
+        return Datastore.build([]), (f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                                     "decoding without them")
+
+
+# ---------------------------------------------------------------- one engine's tables
+class _Background(threading.Thread):
+    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
+
+    def __init__(self, make: Callable):
+        super().__init__(daemon=True, name="swiftk-corpus")
+        self._make, self.result = make, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        self.result = self._make()
+
+
+class EngineCorpus:
+    """The corpus tables an Engine drafts from, a mixin of Engine (it needs ``resource``, ``set_resource``,
+    ``tokenizer``, ``identity``, ``config`` and ``_corpus_job``): here beside the tables they load and build."""
+
+    def corpus(self, wait: bool = False):
+        """The corpus n-gram tables the "datastore" source drafts from (swiftk/proposers/datastore.py): unless
+        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
+        built yet are built in the background (started at load, at low priority); until they are ready this returns
+        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
+        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
+        got = self.resource("corpus")
+        if got is not None:
+            return got
+        job = self._corpus_job or self._start_corpus()
+        if job is None:   # found in the cache
+            return self.resource("corpus")
+        if wait:
+            job.join()
+        if job.is_alive():
+            return Datastore.build([])
+        ds, problem = job.result
+
+        def ready():
+            if problem:
+                warn(problem)   # once, in the caller's thread
+            return ds
+
+        return self.resource("corpus", ready)
+
+    def _start_corpus(self):
+        """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
+        priority (returns it)."""
+        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
+        if ds is not None and ds.max_token() < self.config.vocab_size:
+            self.set_resource("corpus", ds)
+            return None
+        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+        return self._corpus_job
+
+    def use_corpus(self, datastore) -> None:
+        """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
+        if not isinstance(datastore, Datastore):
+            raise SwiftkError("use_corpus takes a swiftk.proposers.datastore.Datastore, got "
+                              f"{type(datastore).__name__}")
+        if datastore.max_token() >= self.config.vocab_size:
+            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
+        self.set_resource("corpus", datastore)

@@ -1,0 +1,43 @@
+"""The static KV cache: preallocated once, written by slot, its committed length moved only by its own methods."""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+from ..errors import SwiftkError
+from .ops import get_ops
+
+
+class KVCache:
+    """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens, moved only
+    by the cache's own methods.
+
+    Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device, ops=None):
+        self.data = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, max_slots, cfg.head_dim, dtype=dtype, device=device)
+        self.max_slots = max_slots
+        self._length = 0
+        self._ops = ops or get_ops(device)
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+
+    def advance(self, n: int) -> None:
+        """The ``n`` slots past the committed prefix (written in order by a pass) join it."""
+        if not 0 <= self._length + n <= self.max_slots:
+            raise SwiftkError(f"cannot commit {n} more slots after {self._length} (cache of {self.max_slots})")
+        self._length += n
+
+    def commit(self, path: torch.Tensor, n_spine: int = 0) -> None:
+        """Append the accepted tree path (node indices root..last; node i sits in slot length+i) to the committed
+        prefix: one gather/copy over all layers, skipped when the path is the spine prefix (already in place)."""
+        n, L = self._length, path.shape[0]
+        if L > n_spine or not torch.equal(path, torch.arange(L, device=path.device)):
+            self._ops.kv_commit(self.data, n + path, torch.arange(n, n + L, device=path.device))
+        self.advance(L)

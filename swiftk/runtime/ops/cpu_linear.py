@@ -1,0 +1,306 @@
+"""The CPU linear kernel (``kernels/cpu/cpu_linear.cpp``): build for this host at first use, load, call.
+
+``linear(x, w, scale=None)`` computes ``x @ w.T`` (times ``scale`` per output row for int8 weights) for the few
+rows of a decode step, a draft step or a verify pass; see the .cpp file for why it beats MKL there and for its
+batch invariance. Its torch twin is :func:`swiftk.runtime.ops.reference.linear`.
+
+Build: ``g++ -O3 -march=native -fopenmp`` (``$CXX`` if set) into ``$SWIFTK_HOME/build/`` under a name that hashes
+the source, the flags, the compiler and this CPU's model and feature flags (a home shared between machines never
+loads a build made for another CPU); compiled under a temporary name, then renamed, so concurrent first uses are
+safe. Takes ~1-2 s once. The library links libgomp, which resolves to the copy torch already loaded: one OpenMP
+thread pool for both.
+
+Fallback: without a compiler, without AVX2+FMA, when the build fails, or with ``SWIFTK_CPU_KERNELS=0``, the
+runtime uses torch's matmul; :func:`status` says which and why (``swiftk info`` shows it).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from swiftk.atomic import write_json_atomic
+from swiftk.errors import SwiftkError, warn
+from swiftk.files import read_bytes, read_json
+from swiftk.home import swiftk_home
+
+MAX_LIBRARY_BYTES = 64 << 20   # the built libraries are ~0.1-1 MB
+
+ENV_VAR = "SWIFTK_CPU_KERNELS"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
+            "swk_topk_rows")
+_lock = threading.Lock()
+_enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
+_lib = None
+_why: Optional[str] = None      # reason the kernel is not used, once decided
+_fn = None
+
+
+def source_path(name: str = "cpu_linear.cpp") -> Path:
+    here = Path(__file__).resolve()
+    for cand in (here.parents[2] / "kernels" / "cpu" / name,    # installed: swiftk/kernels/cpu/
+                 here.parents[3] / "kernels" / "cpu" / name):   # source checkout: ./kernels/cpu/
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"kernels/cpu/{name} not found next to the swiftk package")
+
+
+def _cpu_id() -> str:
+    """Model name + feature flags of this CPU (what -march=native compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> Optional[str]:
+    cxx = os.environ.get("CXX") or "g++"
+    return shutil.which(cxx)
+
+
+def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear", sources=()) -> Path:
+    """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
+    ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
+    kernels/cpu/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    units = [src, *(source_path(name) for name in sources)]
+    texts = [u.read_text() for u in units] + [source_path(name).read_text() for name in includes]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
+    out_dir = Path(swiftk_home()) / "build"
+    out = out_dir / f"{stem}-{key}.so"
+    if out.exists() or _sidecar(out).exists():
+        why = _verify(out)
+        if why is None:
+            return out
+        # a truncated or replaced library would crash dlopen or the first call (SIGBUS/SIGSEGV): rebuild it
+        warn(f"swiftk: rebuilding the CPU kernel library {out}: {why}", RuntimeWarning)
+        out.unlink(missing_ok=True)
+        _sidecar(out).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{stem}-{key}.{os.getpid()}.{threading.get_ident()}.so"
+    try:
+        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), *map(str, units)], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        # sidecar first: a library without its sidecar (or with another's) is never loaded
+        write_json_atomic(_sidecar(out), _digest(tmp))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    why = _verify(out)   # another process may have replaced either file meanwhile
+    if why is not None:
+        raise RuntimeError(f"{out}: {why}")
+    return out
+
+
+def _sidecar(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256.json")
+
+
+def _digest(path: Path) -> dict:
+    data = read_bytes(path, "kernel library", MAX_LIBRARY_BYTES)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _verify(lib: Path):
+    """None when ``lib`` is the file swiftk built (size and hash as its sidecar says); else why not. Checked
+    before every dlopen: ~0.2 ms for the ~0.1 MB library."""
+    try:
+        have = _digest(lib)
+        want = read_json(_sidecar(lib), "kernel library sidecar", object, 1 << 16)
+    except (OSError, ValueError, SwiftkError) as e:
+        return f"{type(e).__name__}: {e}"
+    if not isinstance(want, dict) or want != have:
+        return f"size/sha256 {have['size']}/{have['sha256'][:12]} differ from its sidecar's"
+    return None
+
+
+class KernelUnavailable(Exception):
+    """Why a kernel library is not used; ``loud``: a toolchain failure worth a warning (not a setting)."""
+
+    def __init__(self, why: str, loud: bool = False):
+        super().__init__(why)
+        self.loud = loud
+
+
+def open_library(source: str, symbols, includes=(), stem: Optional[str] = None, sources=()) -> ctypes.CDLL:
+    """kernels/``source`` (with the further translation units ``sources``) built for this host (once, as the module
+    docstring says) and loaded; raises :class:`KernelUnavailable` when it is switched off, cannot be built, or lacks
+    one of ``symbols``."""
+    if os.environ.get(ENV_VAR, "").strip() == "0":
+        raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise KernelUnavailable(f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}")
+    cxx = _compiler()
+    if cxx is None:
+        raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
+    try:
+        path = _build(source_path(source), cxx, includes, stem or Path(source).stem, sources)
+        lib = ctypes.CDLL(str(path))
+    except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
+        raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e
+    missing = [s for s in symbols if not hasattr(lib, s)]
+    if missing:
+        raise KernelUnavailable(f"{path} lacks {', '.join(missing)}", loud=True)
+    return lib
+
+
+def _load() -> None:
+    global _lib, _why, _fn
+    try:
+        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp"),
+                           stem="cpu_linear")
+    except KernelUnavailable as e:
+        _why = str(e)
+        if e.loud:
+            warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
+        return
+    fn = lib.swk_linear
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    lib.swk_vector_width.restype = ctypes.c_int
+    lib.swk_layers.restype = ctypes.c_int
+    lib.swk_layer_table_width.restype = ctypes.c_int
+    lib.swk_set_q_linear.argtypes, lib.swk_set_q_linear.restype = [ctypes.c_void_p], None
+    lib.swk_topk_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    lib.swk_topk_rows.restype = ctypes.c_int
+    lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
+                               + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
+                               + [ctypes.c_void_p, ctypes.c_int])
+    _lib, _fn, _why = lib, fn, ""
+
+
+def _ensure() -> bool:
+    if _why is None:
+        with _lock:
+            if _why is None:
+                _load()
+    return _fn is not None
+
+
+def active() -> bool:
+    """The runtime's check per linear: available and not switched off with :func:`set_enabled`."""
+    return _enabled and (_fn is not None if _why is not None else _ensure())
+
+
+def set_enabled(on: bool) -> None:
+    """Switch CPU linears between this kernel and torch's matmul for this process (benchmarks, tests)."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (builds it on first call)."""
+    return _ensure()
+
+
+def status() -> str:
+    """One line for ``swiftk info``: which matmul serves CPU linears, and why."""
+    if _ensure():
+        width = _lib.swk_vector_width()
+        return f"swiftk kernel (kernels/cpu/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'})"
+    return f"torch matmul ({_why})"
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The kernel takes 2-D contiguous CPU x (float32/bfloat16) and w (float32/bfloat16/int8) of matching K."""
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dim() == 2 and w.dim() == 2
+            and x.dtype in (torch.float32, torch.bfloat16) and w.dtype in _W_TYPES
+            and x.shape[1] == w.shape[1] and x.shape[0] >= 1 and w.is_contiguous())
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
+           threads: Optional[int] = None) -> torch.Tensor:
+    """y [M, N] float32 = x [M, K] @ w [N, K].T (* scale [N] when w is int8). Raises SwiftkError on bad input."""
+    if not _ensure():
+        raise SwiftkError(f"CPU linear kernel unavailable: {_why}")
+    if not supports(x, w):
+        raise SwiftkError(f"cpu linear: unsupported operands x {tuple(x.shape)} {x.dtype} {x.device}, "
+                          f"w {tuple(w.shape)} {w.dtype} {w.device} (contiguous: {w.is_contiguous()})")
+    wt = _W_TYPES[w.dtype]
+    if (wt == 2) != (scale is not None):
+        raise SwiftkError("cpu linear: int8 weights need a float32 per-row scale, other weights take none")
+    if scale is not None and (scale.dtype != torch.float32 or scale.shape != (w.shape[0],)
+                              or not scale.is_contiguous()):
+        raise SwiftkError(f"cpu linear: scale must be float32 [{w.shape[0]}] contiguous")
+    return fast(x.float(), w, scale, threads)
+
+
+def fast(x: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor] = None,
+         threads: Optional[int] = None) -> torch.Tensor:
+    """The runtime's hot path: x [M, K] @ w.T (* scale) in x's dtype, for operands the caller knows
+    :func:`supports` (model weights are checked once at load). Call only after :func:`available` returned True."""
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    M, N = xf.shape[0], w.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    if _fn(xf.data_ptr(), M, xf.shape[1], w.data_ptr(), _W_TYPES[w.dtype],
+           None if scale is None else scale.data_ptr(), N, y.data_ptr(), threads or torch.get_num_threads()) != 0:
+        raise SwiftkError(f"cpu linear: kernel rejected x {tuple(x.shape)}, w {tuple(w.shape)} {w.dtype}")
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """[M, k] int64: the indices of each row's k largest values of x [M, V], in torch.topk's order (equal values
+    by lower index, NaN first), so k = 1 is torch.argmax. CPU float32 through kernels/cpu/cpu_topk.cpp when the
+    library is loaded, else torch."""
+    if x.dim() == 1:
+        return topk_rows(x[None], k)[0]
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and 1 <= k <= min(64, x.shape[1])
+            and x.shape[0] >= 1 and active()):
+        return x.argmax(dim=-1, keepdim=True) if k == 1 else x.topk(k, dim=-1).indices
+    xc = x.contiguous()
+    out = torch.empty(x.shape[0], k, dtype=torch.int64)
+    if _lib.swk_topk_rows(xc.data_ptr(), xc.shape[0], xc.shape[1], k, out.data_ptr()) != 0:
+        raise SwiftkError(f"cpu topk: kernel rejected x {tuple(x.shape)}, k={k}")
+    return out
+
+
+_fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu/cpu_decode.cpp)
+
+
+def set_fused(on: bool) -> None:
+    """Switch the fused CPU layer loop (kernels/cpu/cpu_decode.cpp) on or off for this process (benchmarks, tests);
+    off, the layers run op by op through torch (with this kernel still serving their matmuls)."""
+    global _fused
+    _fused = bool(on)
+
+
+def fused_active() -> bool:
+    return _fused and active()
+
+
+def layers_fn():
+    """The C entry ``swk_layers`` (see kernels/cpu/cpu_decode.cpp). Call only after :func:`available` returned True."""
+    return _lib.swk_layers
+
+
+def use_q_linear(address: int) -> None:
+    """Give the fused loop the block-format matmul (ops/cpu_quant.linear_address) its weight type 3 calls."""
+    _lib.swk_set_q_linear(ctypes.c_void_p(address))
+
+
+def layer_table_width() -> int:
+    """Addresses per layer that ``swk_layers`` reads (a check that the Python side builds its table to match)."""
+    return int(_lib.swk_layer_table_width())
+
+
+def reset() -> None:
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS)."""
+    global _lib, _why, _fn
+    with _lock:
+        _lib, _why, _fn = None, None, None

@@ -1,0 +1,127 @@
+"""The package's folders are layers: each imports only the ones below it, and the package-level import graph has
+no cycle. Computed from the sources with ``ast`` (imports inside functions count too), so a new upward import
+fails here before it tangles the tree."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "swiftk"
+
+# Built, not in the sources: the CUDA extension and the kernels folder (installed as swiftk.kernels).
+BUILT = ["swiftk._C", "swiftk.kernels"]
+
+# Lowest first. A unit is a top-level module or a subpackage (with everything under it); a unit imports only units
+# of a lower layer, or of its own layer without a cycle.
+LAYERS = [
+    ("base", ["swiftk.errors", "swiftk.files", "swiftk.atomic", "swiftk.home", *BUILT]),
+    ("runtime", ["swiftk.runtime"]),             # the model, weights, KV cache, masks, ops
+    ("loading", ["swiftk.loading"]),             # GGUF, loaders, tokenizer, registry
+    ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop
+    ("decoding", ["swiftk.decoding"]),           # the round, session, tree, acceptance, costs, learned state
+    ("engine", ["swiftk.methods", "swiftk.engine", "swiftk.api"]),
+    ("serve", ["swiftk.serve"]),
+    ("plugins", ["swiftk.moa", "swiftk.integrations"]),   # experimental methods, adapters to other engines:
+                                                           # they import the core, the core never imports them
+    ("front", ["swiftk.cli", "swiftk"]),         # the CLI and the package's lazy public names
+]
+LAYER_OF = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set:
+    """Every swiftk module or package ``path`` imports (relative imports resolved), at any depth of the file."""
+    mod, is_pkg = module_name(path), path.name == "__init__.py"
+    here = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            # `from pkg import x` imports module pkg.x when there is one, else pkg (x is a name in it)
+            out |= {f"{target}.{a.name}" for a in node.names}
+    return {m for m in out if m == "swiftk" or m.startswith("swiftk.")}
+
+
+def sources() -> dict:
+    return {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def unit(mod: str) -> str:
+    for u in sorted(LAYER_OF, key=len, reverse=True):
+        if mod == u or mod.startswith(u + "."):
+            return u
+    raise AssertionError(f"{mod} belongs to no layer: add it to LAYERS in {__file__}")
+
+
+def package(mod: str, mods: dict) -> str:
+    """The package a module lives in (a package is its own); swiftk's own top-level modules stand for themselves,
+    as they sit in different layers (errors at the bottom, the engine near the top)."""
+    if mod in BUILT or mods[mod].name == "__init__.py":
+        return mod
+    parent = mod.rsplit(".", 1)[0]
+    return mod if parent == "swiftk" else parent
+
+
+def edges(mods: dict, key) -> set:
+    out = set()
+    for m, p in mods.items():
+        for t in imports(p):
+            while t not in mods and t not in BUILT:   # pkg.name where name is an attribute: the module is pkg
+                t = t.rsplit(".", 1)[0]
+            a, b = key(m), key(t)
+            if a != b:
+                out.add((a, b, m, t))
+    return out
+
+
+def find_cycle(graph: dict):
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for k in sorted(graph.get(n, ())):
+            if state.get(k) == 1:
+                return stack[stack.index(k):] + [k]
+            if k not in state and (c := visit(k)):
+                return c
+        state[n] = 2
+        stack.pop()
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_every_module_sits_in_a_layer():
+    for m in sources():
+        unit(m)
+
+
+def test_no_import_runs_upward():
+    mods = sources()
+    upward = sorted(f"{m} imports {t} ({LAYERS[LAYER_OF[a]][0]} -> {LAYERS[LAYER_OF[b]][0]})"
+                    for a, b, m, t in edges(mods, unit) if LAYER_OF[b] > LAYER_OF[a])
+    assert not upward, "\n".join(upward)
+
+
+def test_the_package_graph_has_no_cycle():
+    mods = sources()
+    for key in (unit, lambda m: package(m, mods)):
+        graph: dict = {}
+        for a, b, _, _ in edges(mods, key):
+            graph.setdefault(a, set()).add(b)
+        assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_no_module_is_over_400_lines():
+    long = {m: n for m, p in sources().items() if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these: {long}"
