@@ -79,13 +79,27 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
     return out
 
 
+def _cpu() -> str:
+    """The CPU's model name and its widest integer dot product (what vLLM's and swiftk's kernels can use)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "CPU")
+    flags = next((ln.split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-VNNI" if "avx_vnni" in flags else \
+        "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({isa})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="registry name, .gguf or HF dir (exported to HF)")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--n", type=int, default=8, help="prompts per workload (a multiple of 8 for batch 8)")
-    ap.add_argument("--skip", type=int, default=0, help="pass over the first SKIP problems; each workload then takes 2n others (n at batch 1, n at batch 8)")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="pass over the first SKIP problems; each workload then takes 2n others (n at batch 1, n at 8)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--arm", help=argparse.SUPPRESS)         # child: run one arm, print its JSON
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -99,8 +113,8 @@ def main(argv=None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="swiftk-vllm-")
     model_dir = str(export_hf(args.model, Path(tmp) / "model"))
-    from swiftk.datastore import corpus_fingerprint, stdlib_datastore
-    from swiftk.tokenizer import Tokenizer
+    from swiftk.proposers.datastore import corpus_fingerprint, stdlib_datastore
+    from swiftk.loading.tokenizer import Tokenizer
 
     tok = Tokenizer.from_hf_dir(model_dir)   # the corpus tables now, so that no arm's run builds them
     stdlib_datastore(tok, corpus_fingerprint(tok, {}))
@@ -139,14 +153,13 @@ def main(argv=None) -> int:
                 same &= ident
                 rows.append(f"| {w} | {batch} | {arm} | {tps:.1f} | {ratio:.2f}x | {mal:.2f} | "
                             f"{'yes' if ident else 'NO'} |")
-    import platform
-
     stamp = time.strftime("%Y%m%d-%H%M%S")
     head = (f"# vLLM + swiftk proposer, {args.model}, {time.strftime('%Y-%m-%d')}\n\n"
             f"`python -m bench.vllm --model {args.model} --n {args.n} --skip {args.skip} --max-new-tokens "
-            f"{args.max_new_tokens}`; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+            f"{args.max_new_tokens}`; {_cpu()}, {os.cpu_count()} cores; "
             f"float32, greedy, K={K}; wall time incl. prefill.\n\n"
-            "| workload | batch | arm | tok/s | vs plain | mean accepted length | = plain |\n|---|---|---|---|---|---|---|\n")
+            "| workload | batch | arm | tok/s | vs plain | mean accepted length | = plain |\n"
+            "|---|---|---|---|---|---|---|\n")
     text = head + "\n".join(rows) + "\n"
     print(text)
     outdir = Path(__file__).resolve().parent / "results"

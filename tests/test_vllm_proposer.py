@@ -1,4 +1,4 @@
-"""swiftk.integrations.vllm without vLLM: the proposer driven with vLLM's call shape (lists of sampled ids, numpy
+"""swiftk.integrations.vllm and .batch without vLLM: the proposer driven with vLLM's call shape (lists of sampled ids, numpy
 token buffers of max_num_seqs rows) by a simulated verifier, its options and startup errors; and the Hugging Face
 export that vLLM loads. The real vLLM runs are tests/test_vllm_engine.py."""
 from types import SimpleNamespace
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from swiftk.errors import SwiftkError
+from swiftk.integrations import batch as sb
 from swiftk.integrations import vllm as sv
 
 V, LEN, ROWS = 1000, 4096, 8
@@ -69,8 +70,8 @@ class Batch:
         return proposed, accepted
 
 
-def _drafter(k=8, **opts) -> sv.Drafter:
-    return sv.Drafter(k, V, LEN, sv.parse_options(opts), corpus=None)
+def _drafter(k=8, **opts) -> sb.Drafter:
+    return sb.Drafter(k, V, LEN, sv.parse_options(opts), corpus=None)
 
 
 def test_repetitive_text_is_drafted_and_accepted():
@@ -127,7 +128,7 @@ def test_memory_is_bounded_per_request():
 
 
 def test_drafts_stop_at_the_model_length():
-    d = sv.Drafter(8, V, 50, sv.parse_options({"sources": ["ngram"]}))
+    d = sb.Drafter(8, V, 50, sv.parse_options({"sources": ["ngram"]}))
     b = Batch()
     b.add([5, 6, 7] * 40, prompt=44)
     drafts = d.step([[int(b.ids[0, 44])]], b.n, b.ids)
@@ -241,3 +242,22 @@ def test_export_hf_is_the_same_model(smollm2_path, tmp_path):
     with pytest.raises(SwiftkError, match="dtype"):
         export_hf(smollm2_path, tmp_path / "x", dtype="int4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smol"]   # nothing half-written left behind
+
+
+def test_the_floor_is_measured_from_step_times():
+    c = sb.StepCosts()
+    assert c.floor() == sb.PRIOR_FLOOR   # nothing timed yet
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        T = int(rng.integers(8, 72))
+        c.observe(T, 16, 0.030 + 0.002 * T)
+    a, b = c.fit()
+    assert abs(a - 0.030) < 1e-6 and abs(b - 0.002) < 1e-8
+    step = c.y / c.w
+    assert abs(c.floor() - 0.002 * 16 / step) < 1e-6
+    flat = sb.StepCosts()
+    for _ in range(50):
+        flat.observe(9, 2, 0.03)   # no spread in T: nothing to fit, the prior stands
+    assert flat.floor() == sb.PRIOR_FLOOR
+    d = _drafter(floor=0.25)
+    assert d.floor() == 0.25 and _drafter().opts["floor"] == "auto"

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Union
 
 from ..errors import SwiftkError
+from ..loading.loaders import load_checkpoint
+from ..loading.registry import resolve_model
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ARCH_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def hf_config(cfg, tokenizer, dtype: str) -> dict:
-    """config.json for a ModelConfig (swiftk.config) and its tokenizer."""
+    """config.json for a ModelConfig (swiftk.runtime.config) and its tokenizer."""
     if cfg.rope_freq_factors is not None and cfg.rope_scaling is None:
         raise SwiftkError("this model's RoPE frequency factors (a LLaMA-3.1 GGUF's rope_freqs) have no Hugging Face "
                           "config field: export from the original Hugging Face directory instead")
@@ -60,11 +62,9 @@ def export_hf(model: Union[str, os.PathLike], out_dir: Union[str, os.PathLike], 
               overwrite: bool = False) -> Path:
     """Write ``model`` (registry name, .gguf file or HF directory) as a Hugging Face directory ``out_dir``. Built
     under a temporary name next to it and renamed when complete: an interrupted export leaves nothing behind."""
-    import torch
+    import torch   # here, not at import: the CLI imports this module for every `swiftk export-hf --help`
     from safetensors.torch import save_file
 
-    from ..loaders import load_checkpoint
-    from ..registry import resolve_model
 
     if dtype not in DTYPES:
         raise SwiftkError(f"export dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
