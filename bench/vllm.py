@@ -80,16 +80,17 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
 
 
 def _cpu() -> str:
-    """The CPU's model name and its widest integer dot product (what vLLM's and swiftk's kernels can use)."""
+    """The CPU's model name (bench.e2e) and its widest integer dot product (what the kernels can use)."""
+    from bench.e2e import cpu_model
+
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next((ln.split() for ln in lines if ln.startswith("flags")), [])
     except OSError:
-        return "unknown CPU"
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "CPU")
-    flags = next((ln.split() for ln in info.splitlines() if ln.startswith("flags")), [])
+        flags = []
     isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-VNNI" if "avx_vnni" in flags else \
         "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{name} ({isa})"
+    return f"{cpu_model()} ({isa})"
 
 
 def main(argv=None) -> int:

@@ -154,18 +154,15 @@ class Drafter:
         self.stats["steps"] += 1
         now = time.perf_counter()
         n_rows = len(sampled)
-        same_rows = n_rows == len(self.rows) and all(sampled)   # no request came, left or prefilled: a clean step
+        clean = n_rows == len(self.rows) and all(sampled)   # no request came, left or prefilled: a timed step
         old, self.rows = self.rows, {}
         orphans = {}
         for i, req in old.items():   # a row past the batch, or holding another request now, lost its request
-            if i >= n_rows or not sampled[i] or not req.matches(token_ids[i], int(num_tokens[i])):
-                if i < n_rows and not sampled[i] and req.matches(token_ids[i], int(num_tokens[i])):
-                    self.rows[i] = req   # a step without a sampled token (a chunk of a prefill): keep as is
-                else:
-                    orphans[i] = req
-            else:
+            if i < n_rows and req.matches(token_ids[i], int(num_tokens[i])):
                 self.rows[i] = req
-        drafts, rebuilt_moved = [], self.stats["rebuilt"] + self.stats["moved"]
+            else:
+                orphans[i] = req
+        drafts = []
         for i in range(n_rows):
             new = sampled[i]
             if not new:
@@ -175,6 +172,7 @@ class Drafter:
             row = token_ids[i]
             req = self.rows.get(i)
             if req is None:   # moved here by vLLM's condensing, or a new request
+                clean = False
                 j = next((j for j, r in orphans.items() if r.matches(row, n)), None)
                 if j is not None:
                     req = orphans.pop(j)
@@ -192,7 +190,7 @@ class Drafter:
             out = req.output()
             if "history" in self.opts["sources"] and out:
                 self.history.add(out)
-        if same_rows and not orphans and self.stats["rebuilt"] + self.stats["moved"] == rebuilt_moved:
+        if clean and not orphans:
             self.costs.observe(self.sent, sum(len(x) for x in sampled), now - self.last_t)
         self.last_t, self.sent = time.perf_counter(), n_rows + sum(len(d) for d in drafts)
         return drafts

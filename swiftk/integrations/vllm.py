@@ -24,14 +24,13 @@ import importlib
 import json
 import logging
 import os
-import threading
 import weakref
 from typing import Optional
 
 from ..errors import SwiftkError
 from ..loading.tokenizer import Tokenizer
 from ..proposers.base import Context
-from ..proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
+from ..proposers.datastore import Background, cached_stdlib_datastore, corpus_fingerprint, engine_corpus
 from ..proposers.user import UserProposer
 from .batch import Drafter
 
@@ -158,17 +157,13 @@ class SwiftkProposer:
             return
 
         def build():
-            try:   # the lowest CPU priority (Linux: per thread): serving goes first
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            except (AttributeError, OSError):
-                pass
             ds, why = engine_corpus(tok, ident, vocab)
             if why:
                 log.warning(why)
             else:
                 self.drafter.set_corpus(ds)
 
-        threading.Thread(target=build, daemon=True, name="swiftk-corpus").start()
+        Background(build)   # the lowest CPU priority: serving goes first
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's runners call this on every proposer; there is no model to load."""

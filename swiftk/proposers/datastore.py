@@ -258,7 +258,7 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
 
 
 # ---------------------------------------------------------------- one engine's tables
-class _Background(threading.Thread):
+class Background(threading.Thread):
     """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
 
     def __init__(self, make: Callable):
@@ -310,7 +310,7 @@ class EngineCorpus:
         if ds is not None and ds.max_token() < self.config.vocab_size:
             self.set_resource("corpus", ds)
             return None
-        self._corpus_job = _Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+        self._corpus_job = Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
         return self._corpus_job
 
     def use_corpus(self, datastore) -> None:
