@@ -6,6 +6,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,6 +122,27 @@ def test_batch_invariance(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_threaded_passes_equal_the_definition(name):
+    """Matrices big enough that OpenMP splits the weight rows over threads (N * K >= 65536): every pass size of
+    every path (a decode step, the small passes' direct products, the tiles) gives the definition's bits, with the
+    default threads and one."""
+    K = 3 * _k(name)
+    raw = _blocks(name, 83, K, seed=K + 7)   # 10 full groups of 8 and a short one
+    w = torch.from_numpy(raw)
+    x = _activations(40, K, seed=K + 2)
+    ref = cpu_quant.linear(x, w, Q[name], K, act="int8", reference=True)
+    threads = torch.get_num_threads()
+    try:
+        for n in sorted({threads, 1}, reverse=True):
+            torch.set_num_threads(n)
+            for M in (1, 2, 3, 5, 6, 8, 15, 16, 17, 40):
+                got = cpu_quant.linear(x[:M], w, Q[name], K, act="int8")
+                assert torch.equal(got.view(torch.int32), ref[:M].view(torch.int32)), f"{name} M={M} threads={n}"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_repack_round_trip(name):
     """Packing permutes the file's bytes (groups of 8 rows; the rows past the last full group stay as they are);
     unpacking any rows gives them back, and the kernel on the packed matrix equals the definition on the file's."""
@@ -179,10 +201,23 @@ def _build(tmp_path, march):
     return so
 
 
-@pytest.mark.parametrize("march,isa", [("haswell", 1), ("x86-64", 0)])
-def test_other_isa_paths_agree_bit_for_bit(tmp_path, march, isa):
-    """AVX2 without VNNI (haswell) and portable C++ (x86-64) compute the same integers and the same float ops as this
-    host's build: identical bits, every format."""
+def _cpu_flags() -> set:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.mark.parametrize("march,isa,flag", [("haswell", 1, "avx2"), ("x86-64", 0, None),
+                                            ("alderlake", 2, "avx_vnni"), ("icelake-server", 3, "avx512_vnni")])
+def test_other_isa_paths_agree_bit_for_bit(tmp_path, march, isa, flag):
+    """AVX2 without VNNI (haswell), portable C++ (x86-64), 256-bit AVX-VNNI (alderlake) and AVX-512 VNNI's 512-bit
+    pairs of rows (icelake-server) compute the same integers and the same float ops as this host's build: identical
+    bits, every format (each where this CPU can run it)."""
+    if flag and flag not in _cpu_flags():
+        pytest.skip(f"this CPU lacks {flag}")
     lib = ctypes.CDLL(str(_build(tmp_path, march)))
     assert lib.swk_qi_isa() == isa
     fn = lib.swk_qi_linear_ld
@@ -196,7 +231,7 @@ def test_other_isa_paths_agree_bit_for_bit(tmp_path, march, isa):
         packed = torch.empty_like(raw)
         assert lib.swk_qi_repack(int(Q[name]), raw.data_ptr(), N, K, packed.data_ptr()) == 0
         assert torch.equal(packed, cpu_quant.repack(raw, Q[name], K))
-        for M in (1, 2, 9):   # a decode step's path, and the tiles'
+        for M in (1, 2, 9, 17):   # a decode step's path, the small passes' (512-bit pairs from 5 rows), the tiles'
             x = _activations(M, K, seed=K + M)
             y = torch.empty(M, N)
             assert fn(x.data_ptr(), M, K, packed.data_ptr(), int(Q[name]), N, y.data_ptr(), N) == 0

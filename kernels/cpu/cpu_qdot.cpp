@@ -22,7 +22,9 @@
 //
 // ISA: AVX2+FMA+F16C (vpmaddubsw + vpmaddwd; no int16 saturation can happen: weights enter as unsigned 4-6 bit
 // values or, for Q8_0, through the sign trick, and at most as many products are summed in int16 as fit), with
-// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in (256-bit vectors either way), else portable C++.
+// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 2 or
+// more rows run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
+// r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -45,9 +47,16 @@
 #else
 #define SWI_VNNI 0
 #endif
+// AVX-512 VNNI: passes of 2+ rows also run on 512-bit vectors, two activation rows per vector (below)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define SWI_V512 1
+#else
+#define SWI_V512 0
+#endif
 #else
 #define SWI_SIMD 0
 #define SWI_VNNI 0
+#define SWI_V512 0
 #endif
 
 namespace {
@@ -655,11 +664,12 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
       for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + GBT; a += 64) __builtin_prefetch((const void*)a, 0, 3);
     }
     const int8_t* x[MT];
-    iv isum[MT], part[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's products
-    for (int m = 0; m < MT; m++) {
+    iv isum[MT], part[MT], part2[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's
+    for (int m = 0; m < MT; m++) {       // products (VNNI: of its even v, part2 of its odd v)
       x[m] = X.q.data() + (m0 + m) * K + Fmt<T>::BS * b;
-      isum[m] = part[m] = zero;
+      isum[m] = part[m] = part2[m] = zero;
     }
+    (void)part2;
     unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
       const int js = v / VS;   // the scale it falls under (K formats)
       for (int m = 0; m < MT; m++) {
@@ -670,10 +680,14 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
                                                                 _mm256_set1_epi16(1)));
         } else {
 #if SWI_VNNI
+          // two accumulators per row, even and odd v: vpdpbusd's latency (5 cycles) would otherwise bound a chain
           const iv wu = T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w;
-          part[m] = SWI_DPBUSD(v % VS ? part[m] : zero, wu, xb);
-          if (v % VS == VS - 1)
-            isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(part[m], S.sc32[js]) : part[m]);
+          iv& pa = v & 1 ? part2[m] : part[m];
+          pa = SWI_DPBUSD(v % VS > 1 ? pa : zero, wu, xb);
+          if (v % VS == VS - 1) {
+            const iv ps = _mm256_add_epi32(part[m], part2[m]);   // exact: the order of integer sums is free
+            isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(ps, S.sc32[js]) : ps);
+          }
 #else
           const iv t = _mm256_maddubs_epi16(w, xb);
           part[m] = v % G ? _mm256_add_epi16(part[m], t) : t;
@@ -702,6 +716,150 @@ void direct_rows(const uint8_t* p, int64_t nblk, const QX& X, int64_t m0, Span& 
   for (int m = 0; m < MT; m++) _mm256_storeu_ps(out + 8 * m, acc[m]);
 }
 
+#if SWI_V512
+// ---- 512-bit vectors: two activation rows per vector --------------------------------------------------------------
+// Lanes 2r and 2r + 1 hold weight row r (its 8-lane value duplicated) against activation rows a and b of a pair. The
+// pair's activations are interleaved 4 bytes at a time (XP), so one 8-byte broadcast load gives a vector's
+// activations: the weight side is duplicated once per vector and shared by every pair.
+typedef __m512i zv;
+typedef __m512 zf;
+
+inline zv dup2(iv v) {
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                                  _mm512_castsi256_si512(v));
+}
+inline zf dup2f(fv v) { return _mm512_castsi512_ps(dup2(_mm256_castps_si256(v))); }
+inline zv bc8(const void* p) {   // the 8 bytes at p in every 64-bit lane
+  int64_t v;
+  memcpy(&v, p, 8);
+  return _mm512_set1_epi64(v);
+}
+
+// Pairs of activation rows (2p, 2p + 1; an odd M's last row paired with itself), each quantity of QX interleaved per
+// 4 bytes: q as int32 words, then per 32-element block d, s, ds and the two int16 sums of s16 as one word.
+struct XP {
+  int64_t P = 0, K = 0;
+  std::vector<int32_t> q, s, s16;   // q [P, K / 4, 2]; s, s16 [P, K / 32, 2]
+  std::vector<float> d, ds;         // [P, K / 32, 2]
+};
+
+void pair_rows(const QX& X, XP& Y) {
+  const int64_t M = X.M, K = X.K, P = (M + 1) / 2, nq = K / 4, nb = K / 32;
+  Y.P = P, Y.K = K;
+  Y.q.resize((size_t)(P * nq * 2));
+  Y.s.resize((size_t)(P * nb * 2)), Y.s16.resize(Y.s.size()), Y.d.resize(Y.s.size()), Y.ds.resize(Y.s.size());
+  for (int64_t p = 0; p < P; p++)
+    for (int h = 0; h < 2; h++) {
+      const int64_t m = 2 * p + h < M ? 2 * p + h : M - 1;
+      const int32_t* q = (const int32_t*)(X.q.data() + m * K);   // K is a multiple of 32: aligned words
+      for (int64_t i = 0; i < nq; i++) Y.q[(p * nq + i) * 2 + h] = q[i];
+      for (int64_t i = 0; i < nb; i++) {
+        const int64_t o = (p * nb + i) * 2 + h, a = m * nb + i;
+        Y.d[o] = X.d[a], Y.s[o] = X.s[a], Y.ds[o] = X.ds[a];
+        memcpy(&Y.s16[o], X.s16.data() + 2 * a, 4);
+      }
+    }
+}
+
+// The weight side of the float epilogue of 32 elements j, duplicated to 16 lanes once for all pairs.
+struct ZW { zf d, m; zv mn; };
+template <int T>
+inline ZW zweights(const Span& S, int j) {
+  ZW z;
+  if constexpr (Fmt<T>::BS == 32) {
+    z.d = dup2f(S.dw[j]);
+    if (T == Q4_1) z.m = dup2f(S.mw[j]);
+  } else {
+    z.d = dup2f(S.d);
+    if (T == Q6_K) z.mn = dup2(S.mn[j]);
+    else z.m = dup2f(S.mnf[j]);
+  }
+  return z;
+}
+
+// epilogue<T> for a pair p, activation block a: the same float ops per lane
+template <int T>
+inline zf epilogue2(const ZW& z, const XP& Y, int64_t p, int64_t a, zv isum, zf acc) {
+  const int64_t i = (p * (Y.K / 32) + a) * 2;
+  const zf xd = _mm512_castsi512_ps(bc8(&Y.d[i]));
+  if constexpr (Fmt<T>::BS == 32) {
+    constexpr int sh = T == Q4_0 ? 3 : T == Q5_0 ? 4 : T == Q8_0 ? 7 : 0;   // off = 8, 16, 128 (w + 128, VNNI)
+    if (sh) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bc8(&Y.s[i]), sh));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
+    if (T == Q4_1) acc = _mm512_fmadd_ps(z.m, _mm512_castsi512_ps(bc8(&Y.ds[i])), acc);
+  } else if constexpr (T == Q6_K) {
+    const zv o = _mm512_madd_epi16(z.mn, bc8(&Y.s16[i]));
+    isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(o, 5));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
+  } else {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
+    acc = _mm512_fnmadd_ps(z.m, _mm512_castsi512_ps(bc8(&Y.ds[i])), acc);
+  }
+  return acc;
+}
+
+// direct<T> for MP (<= 8) pairs p0 .. p0 + MP - 1 (2 MP activation rows) against one group's packed blocks.
+template <int T, int MP>
+inline void direct2(const uint8_t* p, int nb, const XP& Y, int64_t p0, Span& S, zf (&acc)[MP]) {
+  constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
+  const int64_t nq = Y.K / 4;
+  const zv zero = _mm512_setzero_si512();
+  for (int bi = 0; bi < nb; bi++) {
+    const int64_t a0 = bi * (Fmt<T>::BS / 32);
+    {
+      const uintptr_t q = (uintptr_t)(p + bi * GBT + SWI_PFD);
+      for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + GBT; a += 64) __builtin_prefetch((const void*)a, 0, 3);
+    }
+    const int32_t* x[MP];
+    // up to 4 pairs: even and odd v's products apart (vpdpbusd's 5-cycle latency bounds each chain); more pairs
+    // are chains enough, and the registers go to them
+    zv isum[MP], part[2][MP];
+    for (int m = 0; m < MP; m++) {
+      x[m] = Y.q.data() + ((p0 + m) * nq + Fmt<T>::BS / 4 * bi) * 2;
+      isum[m] = part[0][m] = part[1][m] = zero;
+    }
+    unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
+      const zv W = dup2(T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w);
+      zv* pa = part[MP > 4 ? 0 : v & 1];
+      for (int m = 0; m < MP; m++) pa[m] = _mm512_dpbusd_epi32(v % VS > (MP > 4 ? 0 : 1) ? pa[m] : zero, W, bc8(x[m] + 2 * v));
+      if (v % VS == VS - 1) {
+        if constexpr (Fmt<T>::BS == 256) {
+          const zv sc = dup2(S.sc32[v / VS]);
+          for (int m = 0; m < MP; m++)
+            isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(_mm512_add_epi32(part[0][m], part[1][m]), sc));
+        } else {
+          for (int m = 0; m < MP; m++)
+            isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(part[0][m], part[1][m]));
+        }
+      }
+      if (v % 8 == 7) {
+        const int j = Fmt<T>::BS == 32 ? bi : v / 8;
+        const ZW z = zweights<T>(S, j);
+        for (int m = 0; m < MP; m++) {
+          acc[m] = epilogue2<T>(z, Y, p0 + m, a0 + v / 8, isum[m], acc[m]);
+          isum[m] = zero;
+        }
+      }
+    });
+  }
+}
+
+// rows 2 p0 .. of group g into y (at most M rows)
+template <int T, int MP>
+void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span& S, int64_t M, int64_t n0,
+                  int64_t N, float* y, int64_t ldy) {
+  zf acc[MP];
+  for (int m = 0; m < MP; m++) acc[m] = _mm512_setzero_ps();
+  direct2<T, MP>(p, (int)nblk, Y, p0, S, acc);
+  alignas(64) float out[16];
+  for (int m = 0; m < MP; m++) {
+    _mm512_store_ps(out, acc[m]);
+    for (int h = 0; h < 2 && 2 * (p0 + m) + h < M; h++)
+      for (int r = 0; r < 8 && n0 + r < N; r++) y[(2 * (p0 + m) + h) * ldy + n0 + r] = out[2 * r + h];
+  }
+}
+#endif
+
 // w: packed (swk_qi_repack). Tiles of 2 groups of 8 rows over the OpenMP threads; a last group of fewer rows is
 // packed here, its missing rows copies of its last one.
 template <int T>
@@ -723,6 +881,32 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
   }
   const uint8_t* tailp = tail.data();
   auto group = [&](int64_t g) { return g < full ? w + 8 * g * rb : tailp; };
+#if SWI_V512
+  // a small pass: up to 8 pairs of rows per unpacking. M <= 4 stays on one 8-lane unpacking (no faster in 512 bits)
+  if (M >= 5 && M <= kDirectMax<T>) {
+    thread_local XP pairs;
+    pair_rows(X, pairs);
+    const XP& Y = pairs;   // the caller's (a thread_local named inside the parallel loop is each thread's own)
+    const int64_t P = Y.P;
+#pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
+    for (int64_t g = 0; g < ng; g++) {
+      Span S;
+      for (int64_t p0 = 0; p0 < P; p0 += 8) {
+        switch (P - p0 < 8 ? P - p0 : 8) {
+          case 5: direct2_rows<T, 5>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 6: direct2_rows<T, 6>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 7: direct2_rows<T, 7>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 8: direct2_rows<T, 8>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 1: direct2_rows<T, 1>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 2: direct2_rows<T, 2>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 3: direct2_rows<T, 3>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+          case 4: direct2_rows<T, 4>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
+        }
+      }
+    }
+    return;
+  }
+#endif
   if (M <= kDirectMax<T>) {   // a decode step: each group's blocks straight from memory into the products
 #pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
     for (int64_t g = 0; g < ng; g++) {
@@ -824,8 +1008,8 @@ int run(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N
 
 extern "C" {
 
-// 2 (AVX2 with VNNI's vpdpbusd), 1 (AVX2), 0 (portable): the path this build was compiled for.
-int swk_qi_isa(void) { return SWI_SIMD ? (SWI_VNNI ? 2 : 1) : 0; }
+// 3 (AVX-512 VNNI: small passes on 512-bit vectors), 2 (256-bit vpdpbusd), 1 (AVX2), 0 (portable): this build's path.
+int swk_qi_isa(void) { return SWI_SIMD ? (SWI_V512 ? 3 : SWI_VNNI ? 2 : 1) : 0; }
 
 // dst [N, K / block_size * type_size] bytes = src (a matrix of ggml type `type` in the file's layout) repacked for
 // swk_qi_linear_ld: rows in groups of 8, each block's fields of the 8 rows side by side (the file header says how);

@@ -81,9 +81,9 @@ def status() -> str:
 
 
 def int_isa() -> str:
-    """The path of the int8-activation kernel in this build: "AVX2+VNNI", "AVX2" or "portable C++"."""
+    """The path of the int8-activation kernel in this build: "AVX-512 VNNI", "AVX2+VNNI", "AVX2" or "portable C++"."""
     _need()
-    return {2: "AVX2+VNNI", 1: "AVX2"}.get(int(_lib.swk_qi_isa()), "portable C++")
+    return {3: "AVX-512 VNNI", 2: "AVX2+VNNI", 1: "AVX2"}.get(int(_lib.swk_qi_isa()), "portable C++")
 
 
 def isa() -> int:
