@@ -680,10 +680,11 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
                                                                 _mm256_set1_epi16(1)));
         } else {
 #if SWI_VNNI
-          // two accumulators per row, even and odd v: vpdpbusd's latency (5 cycles) would otherwise bound a chain
+          // up to 2 rows: two accumulators per row, even and odd v (vpdpbusd's 5-cycle latency bounds a chain)
+          constexpr bool two = MT <= 2;
           const iv wu = T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w;
-          iv& pa = v & 1 ? part2[m] : part[m];
-          pa = SWI_DPBUSD(v % VS > 1 ? pa : zero, wu, xb);
+          iv& pa = two && (v & 1) ? part2[m] : part[m];
+          pa = SWI_DPBUSD(v % VS > (two ? 1 : 0) ? pa : zero, wu, xb);
           if (v % VS == VS - 1) {
             const iv ps = _mm256_add_epi32(part[m], part2[m]);   // exact: the order of integer sums is free
             isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(ps, S.sc32[js]) : ps);
