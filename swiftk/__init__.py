@@ -6,6 +6,7 @@
     out.text, out.token_ids, out.stats
     eng.generate(prompt, proposers=[my_source])     # any object with propose(tokens) -> list[int]
 """
+import importlib
 import sys
 import types
 
@@ -24,8 +25,6 @@ __all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "DecodeConf
 
 
 def __getattr__(name: str):
-    import importlib
-
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     for n, mod in _LAZY.items():   # all at once, after every submodule they import has loaded

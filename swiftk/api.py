@@ -7,8 +7,11 @@ import torch
 
 from .engine import Engine
 from .errors import SwiftkError
-from .loading.registry import DEFAULT_MODEL, resolve_model
-from .runtime.model import check_device_dtype, resolve_device, resolve_dtype
+from .loading.loaders import load_checkpoint
+from .loading.registry import DEFAULT_MODEL, MODELS, resolve_model
+from .runtime.model import WEIGHT_FORMATS, check_device_dtype, resolve_device, resolve_dtype
+from .runtime.ops import cpu_linear, cpu_quant
+from .runtime.ops.cpu_quant import ACTIVATIONS
 
 _engines: dict = {}
 _lock = threading.Lock()
@@ -28,8 +31,6 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     kernels/cpu/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
     ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
     the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/runtime/graphs.py)."""
-    from .loading.loaders import load_checkpoint
-
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
     check_device_dtype(dev, dt)
@@ -40,7 +41,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
                            pack=activations in (None, "int8"))
     if weights == "auto":
         weights = "native" if ckpt.native else None
-    if model in _registry_names():
+    if model in MODELS:
         ckpt.identity["name"] = model
     if activations is not None and weights != "native":
         raise SwiftkError(f"activations={activations!r} applies to GGUF block weights only; {model} loads as float "
@@ -51,8 +52,6 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
 
 def _check_activations(activations, weights) -> None:
     """Before any download or load: the value, and that the weights can take it."""
-    from .runtime.ops.cpu_quant import ACTIVATIONS
-
     if activations is None:
         return
     if activations not in ACTIVATIONS:
@@ -67,13 +66,9 @@ def resolve_weights(weights, device, dtype):
     float32 activations when the block kernel builds, else the float32 path (None); "float32" -> None. Native is
     the default because it decodes faster (bench.runtime: 1.9x the float32 path on SmolLM2-135M) and is the same
     model up to float32 summation order."""
-    from .runtime.model import WEIGHT_FORMATS
-
     if weights is not None and weights not in WEIGHT_FORMATS + ("float32",):
         raise SwiftkError(f"weights={weights!r}: use one of None, float32, {', '.join(WEIGHT_FORMATS)}")
     if weights is None and device.type == "cpu" and dtype == torch.float32:
-        from .runtime.ops import cpu_linear, cpu_quant
-
         if cpu_linear.active() and cpu_quant.available():
             return "auto"
     return None if weights == "float32" else weights
@@ -93,12 +88,6 @@ def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str
         if eng is None:
             eng = _engines[key] = load(model, **opts)
     return eng.generate(prompt, **kw)
-
-
-def _registry_names():
-    from .loading.registry import MODELS
-
-    return MODELS
 
 
 __all__ = ["load", "generate", "Engine", "SwiftkError"]

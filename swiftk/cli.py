@@ -2,13 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
+
+import swiftk
 
 from .errors import SwiftkError
 from .files import check_output_path
-from .loading.registry import DEFAULT_MODEL, MODELS
+from .home import swiftk_home
+from .loading.registry import DEFAULT_MODEL, MODELS, model_info, pull
 
 
 def _common(p):
@@ -32,7 +39,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    from . import methods   # imports torch
+    from . import methods   # lazy: imports torch (~4 s), inside main()'s Ctrl-C handler
 
     ap = argparse.ArgumentParser(prog="swiftk", description="Lossless self-speculative decoding (SWIFT)")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -136,7 +143,7 @@ def _main(argv) -> int:
 
 
 def _export_hf(args) -> int:
-    from .integrations.hf_export import export_hf
+    from .integrations.hf_export import export_hf   # lazy: this subcommand's implementation (imports torch)
 
     out = export_hf(args.model, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(out)
@@ -145,8 +152,6 @@ def _export_hf(args) -> int:
 
 def _drop_stdout() -> None:
     """Point stdout at /dev/null: the exit's flush of what is still buffered would fail again, with a traceback."""
-    import os
-
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
@@ -167,12 +172,10 @@ def _parse_kv(items) -> dict:
 
 
 def _generate(a) -> int:
-    import swiftk
-
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
-    from .engine import split_options
+    from .engine import split_options   # lazy: imports torch (see _main)
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
@@ -216,8 +219,7 @@ def _generate(a) -> int:
 
 
 def _optimize(a) -> int:
-    import swiftk
-    from .proposers.layerskip.offline import OfflineSearch, read_prompts
+    from .proposers.layerskip.offline import OfflineSearch, read_prompts   # lazy: this subcommand's implementation
 
     prompts = read_prompts(a.prompts)
     state = a.state or (a.out + ".state.json")
@@ -236,8 +238,7 @@ def _optimize(a) -> int:
 
 
 def _train_drafter(a) -> int:
-    import swiftk
-    from .moa import data, train
+    from .moa import data, train   # lazy: this subcommand's implementation (imports torch)
 
     for name in ("tokens", "answer_tokens", "steps", "batch"):
         if getattr(a, name) < 1:
@@ -247,7 +248,7 @@ def _train_drafter(a) -> int:
     if a.tli < 0:
         raise SwiftkError(f"--tli must be >= 0, got {a.tli}")
     eng = swiftk.load(a.model, persist=False)
-    from .moa.method import trained_drafter_path
+    from .moa.method import trained_drafter_path   # lazy: imports torch (see _main)
 
     out = Path(a.out) if a.out else trained_drafter_path(eng)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -265,8 +266,6 @@ def _train_drafter(a) -> int:
 
 
 def _pull(a) -> int:
-    from .loading.registry import pull
-
     path = pull(a.name, progress=True, force=a.force, verify=a.verify)
     _build_corpus(path)
     print(path)
@@ -276,8 +275,7 @@ def _pull(a) -> int:
 def _build_corpus(path) -> None:
     """The corpus n-gram tables for this model's tokenizer, built now (they are built in the background otherwise,
     and a short first call would not profit from them)."""
-    import time
-
+    # lazy: only `swiftk pull` needs these (GGUF reader, tokenizer, corpus tables)
     from .proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, stdlib_datastore
     from .loading.gguf import read_gguf
     from .loading.tokenizer import Tokenizer
@@ -298,19 +296,15 @@ def _build_corpus(path) -> None:
 
 
 def _serve(a) -> int:
-    import importlib.util
-
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise SwiftkError(f"swiftk serve needs {' and '.join(missing)}: pip install -e \".[serve]\"")
-    import swiftk
+    # lazy: the server extra (fastapi, checked just above) and torch, for this subcommand only
     from .serve import serve
     from .engine import split_options
 
     if not 0 <= a.port <= 65535:
         raise SwiftkError(f"--port must be in [0, 65535], got {a.port}")
-    import socket
-
     try:   # before the slow load: an unknown host or a taken port would only show as uvicorn's log line
         socket.create_server((a.host, a.port)).close()
     except OSError as e:
@@ -330,10 +324,6 @@ def _serve(a) -> int:
 
 
 def _info(a) -> int:
-    import swiftk
-    from .home import swiftk_home
-    from .loading.registry import model_info
-
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)
     info.update(eng.info())

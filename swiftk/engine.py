@@ -27,8 +27,10 @@ from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, s
 from .decoding.passes import autoregressive
 from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
+from .runtime.ops import cpu_linear, describe
 from .proposers import FREE, free_sources
 from .proposers.datastore import EngineCorpus
+from .proposers.draft_head import engine_draft_head
 from .proposers.user import check_proposers
 from .decoding.session import Session
 from .decoding.state import LearnedState, load_persisted, state_file
@@ -287,7 +289,7 @@ class Engine(EngineCorpus):
                   proposers, cancel) -> GenerationResult:
         bar, cb = None, callback
         if progress:
-            from tqdm import tqdm
+            from tqdm import tqdm   # lazy: only for progress=True
 
             bar = tqdm(total=max_new_tokens, unit="tok", leave=False)
 
@@ -341,8 +343,6 @@ class Engine(EngineCorpus):
         """The reduced-vocabulary draft head (proposers.draft_head.DraftHead: the ``size`` most frequent tokens; the
         drafter adds every token of the context), reset for a new call; None when a subset would not be much smaller
         than the vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
-        from .proposers.draft_head import engine_draft_head
-
         return engine_draft_head(self, size)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
@@ -372,8 +372,6 @@ class Engine(EngineCorpus):
                                       torch.arange(T, device=dev), self.cache)
 
     def info(self) -> dict:
-        from .runtime.ops import cpu_linear, describe
-
         c, o = self.config, self.state.optimizer
         return {"model": self.identity, "config": c.to_dict(), "device": str(self.device),
                 "dtype": str(self.dtype).replace("torch.", ""), "weights": self.model.weights,

@@ -1,4 +1,7 @@
 """The one exception type users catch. Subclasses ValueError so bad-argument errors read naturally."""
+import os
+import sys
+import warnings
 
 
 class SwiftkError(ValueError):
@@ -8,10 +11,6 @@ class SwiftkError(ValueError):
 def warn(message: str, category: type = UserWarning) -> None:
     """``warnings.warn`` attributed to the first caller outside swiftk, so the warning points at the user's line
     and not at an internal one."""
-    import os
-    import sys
-    import warnings
-
     pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
     level, f = 2, sys._getframe(1)
     while f is not None and os.path.abspath(f.f_code.co_filename).startswith(pkg):

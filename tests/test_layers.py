@@ -125,3 +125,40 @@ def test_the_package_graph_has_no_cycle():
 def test_no_module_is_over_400_lines():
     long = {m: n for m, p in sources().items() if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these: {long}"
+
+
+def unexplained_lazy_imports(source: str) -> list:
+    """(line number, line) of each import inside a function that does not say why it is deferred: it passes when
+    its own line holds a ``#`` comment, or when the line above it (above the other import lines of its block) is a
+    comment. Everything else belongs at the top of the module."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    spans = [(n.lineno, n.end_lineno) for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+    def in_import(i: int) -> bool:   # 1-based line number
+        return any(a <= i <= b for a, b in spans)
+
+    out = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if any("#" in lines[i - 1] for i in range(node.lineno, node.end_lineno + 1)):
+                continue
+            above = node.lineno - 1
+            while above >= 1 and in_import(above):
+                above -= 1
+            if above < 1 or not lines[above - 1].strip().startswith("#"):
+                out.add((node.lineno, lines[node.lineno - 1].strip()))
+    return sorted(out)
+
+
+def test_function_level_imports_say_why():
+    """An import deferred into a function costs a lookup per call and hides a dependency: it is there for a reason
+    (an optional or heavy package, an import cycle, a light ``import swiftk``, a CLI subcommand), and a comment
+    says which."""
+    bad = [f"{p.relative_to(PKG.parent)}:{n}: {line}"
+           for p in sorted(PKG.rglob("*.py")) for n, line in unexplained_lazy_imports(p.read_text())]
+    assert not bad, "hoist these to the module's imports, or say why they are deferred:\n" + "\n".join(bad)

@@ -7,6 +7,7 @@ token plain autoregressive decoding would have stopped at.
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -175,8 +176,6 @@ def rate(n: int, seconds: float) -> float:
 def stream_pieces(generate, prompt, **kw):
     """``generate(prompt, callback=..., _cancel=..., **kw)`` in a worker thread, its text pieces yielded as they
     come; closing the iterator cancels the generation at its next token."""
-    import queue
-
     q: queue.Queue = queue.Queue()
     done, box, cancel = object(), {}, threading.Event()
 

@@ -11,10 +11,13 @@ session's outputs are user data and stay in memory.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
+
+import torch
 
 from ..atomic import write_json_atomic
 from ..runtime.config import OptimizerConfig
@@ -147,10 +150,6 @@ SkipSetState = LearnedState   # the name before draft sources were pluggable
 def state_file(identity: dict, device, dtype, weights, activations=None) -> Path:
     """``$SWIFTK_HOME/state/<model>-<fingerprint>-<device>-<dtype>.json``: one file per model, device, dtype and
     numerical model (weight format, activation arithmetic: the cost model and what drafts pay differ)."""
-    import hashlib
-
-    import torch
-
     fp = hashlib.sha256(repr(sorted(identity.items())).encode()).hexdigest()[:12]
     name = "".join(c if c.isalnum() or c in "-._" else "_" for c in str(identity.get("name") or "model"))
     kind = "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device).replace(" ", "_")
@@ -162,9 +161,6 @@ def state_file(identity: dict, device, dtype, weights, activations=None) -> Path
 def load_persisted(path, identity: dict, n_layers: int, cfg, costs) -> Optional[LearnedState]:
     """The saved state (and, when measured with as many threads, the cost model into ``costs``); None with a
     warning when the file is damaged or another model's."""
-
-    import torch
-
     try:
         st = LearnedState.load(path, identity, n_layers, cfg)
         saved = read_json(path, "decoding state").get("costs") or {}

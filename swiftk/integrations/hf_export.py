@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Union
 
+import torch
+
 from ..errors import SwiftkError
 from ..loading.loaders import load_checkpoint
 from ..loading.registry import resolve_model
@@ -62,9 +64,7 @@ def export_hf(model: Union[str, os.PathLike], out_dir: Union[str, os.PathLike], 
               overwrite: bool = False) -> Path:
     """Write ``model`` (registry name, .gguf file or HF directory) as a Hugging Face directory ``out_dir``. Built
     under a temporary name next to it and renamed when complete: an interrupted export leaves nothing behind."""
-    import torch   # here, not at import: the CLI imports this module for every `swiftk export-hf --help`
-    from safetensors.torch import save_file
-
+    from safetensors.torch import save_file   # lazy: safetensors, needed only when writing
 
     if dtype not in DTYPES:
         raise SwiftkError(f"export dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")

@@ -4,17 +4,20 @@ checkpoint from these.
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import gguf.quants as gq
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
 
 from ..runtime.config import SUPPORTED_ARCHS, ModelConfig, positive_float, positive_int
 from ..errors import SwiftkError
+from ..runtime.weights import BlockWeight
 
 # Dequantize this many elements at a time so peak memory stays near the output tensor's size.
 _CHUNK_ELEMS = 1 << 24
@@ -70,8 +73,7 @@ def _hf_to_gguf_name(hf: str) -> str:
 
 
 def _supported_qtypes():
-    from gguf import GGMLQuantizationType as Q
-
+    Q = GGMLQuantizationType
     return {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
@@ -95,58 +97,50 @@ class GGUFFile:
 _READER_PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
 
 
-@functools.lru_cache(maxsize=None)
-def _reader_class():
-    from gguf import GGUFReader, GGUFValueType
+class _PlainViewReader(GGUFReader):
+    """GGUFReader over a plain ndarray view of its memmap.
 
-    class _PlainViewReader(GGUFReader):
-        """GGUFReader over a plain ndarray view of its memmap.
+    The reader slices its ``data`` once per metadata value; on an ``np.memmap`` each slice pays
+    memmap's subclass bookkeeping, which makes a 150k-token vocabulary take seconds. A plain view
+    of the same mapping reads the same bytes faster (and keeps the mapping alive).
+    """
 
-        The reader slices its ``data`` once per metadata value; on an ``np.memmap`` each slice pays
-        memmap's subclass bookkeeping, which makes a 150k-token vocabulary take seconds. A plain view
-        of the same mapping reads the same bytes faster (and keeps the mapping alive).
-        """
+    @property
+    def data(self):
+        return self._plain_data
 
-        @property
-        def data(self):
-            return self._plain_data
+    @data.setter
+    def data(self, value):
+        self._plain_data = value.view(np.ndarray)
 
-        @data.setter
-        def data(self, value):
-            self._plain_data = value.view(np.ndarray)
+    def _get_field_parts(self, orig_offs, raw_type):
+        # The reader walks an array one element at a time, and past the end of the file a read returns
+        # an empty view without moving on: an array header claiming 10**12 elements would loop until
+        # memory runs out. So the claimed elements must fit in the bytes left (strings take >= 8 each).
+        if raw_type == GGUFValueType.ARRAY:
+            item_type = int(self._get(orig_offs, np.uint32)[0])
+            count = int(self._get(orig_offs + 4, np.uint64)[0])
+            np_type = self.gguf_scalar_to_np.get(item_type)
+            item_size = np.dtype(np_type).itemsize if np_type else 8 if item_type == GGUFValueType.STRING else 12
+            if count * item_size > len(self.data) - orig_offs - 12:
+                raise _Impossible(f"array at byte {orig_offs} claims {count} elements, more than the file "
+                                  f"holds")
+        return super()._get_field_parts(orig_offs, raw_type)
 
-        def _get_field_parts(self, orig_offs, raw_type):
-            # The reader walks an array one element at a time, and past the end of the file a read returns
-            # an empty view without moving on: an array header claiming 10**12 elements would loop until
-            # memory runs out. So the claimed elements must fit in the bytes left (strings take >= 8 each).
-            if raw_type == GGUFValueType.ARRAY:
-                item_type = int(self._get(orig_offs, np.uint32)[0])
-                count = int(self._get(orig_offs + 4, np.uint64)[0])
-                np_type = self.gguf_scalar_to_np.get(item_type)
-                item_size = np.dtype(np_type).itemsize if np_type else 8 if item_type == GGUFValueType.STRING else 12
-                if count * item_size > len(self.data) - orig_offs - 12:
-                    raise _Impossible(f"array at byte {orig_offs} claims {count} elements, more than the file "
-                                      f"holds")
-            return super()._get_field_parts(orig_offs, raw_type)
-
-        def _build_tensors(self, start_offs, fields):
-            # A tensor whose data runs past the end of the file (a cut download) would surface as a numpy
-            # reshape error; say which tensor, from the index alone, before the reader slices anything.
-            from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-            for field in fields:
-                _, name, _, dims, raw_dtype, offset = field.parts
-                try:
-                    bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-                except (ValueError, KeyError):
-                    continue   # the reader's own error names the type
-                end = int(start_offs + offset[0]) + int(np.prod(dims)) * ts // bs
-                if end > len(self.data):
-                    raise _Impossible(f"tensor {bytes(name).decode('utf-8', 'replace')} needs bytes up to {end}, "
-                                      f"the file ends at {len(self.data)} (truncated)")
-            return super()._build_tensors(start_offs, fields)
-
-    return _PlainViewReader
+    def _build_tensors(self, start_offs, fields):
+        # A tensor whose data runs past the end of the file (a cut download) would surface as a numpy
+        # reshape error; say which tensor, from the index alone, before the reader slices anything.
+        for field in fields:
+            _, name, _, dims, raw_dtype, offset = field.parts
+            try:
+                bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+            except (ValueError, KeyError):
+                continue   # the reader's own error names the type
+            end = int(start_offs + offset[0]) + int(np.prod(dims)) * ts // bs
+            if end > len(self.data):
+                raise _Impossible(f"tensor {bytes(name).decode('utf-8', 'replace')} needs bytes up to {end}, "
+                                  f"the file ends at {len(self.data)} (truncated)")
+        return super()._build_tensors(start_offs, fields)
 
 
 def _text(part: np.ndarray) -> str:
@@ -156,8 +150,7 @@ def _text(part: np.ndarray) -> str:
 
 def _field_value(field):
     """A reader field as a plain Python value (str, int, float, bool or a flat list of those)."""
-    from gguf import GGUFValueType as T
-
+    T = GGUFValueType
     main = field.types[0] if field.types else None
     if main == T.STRING:
         return _text(field.parts[-1])
@@ -178,8 +171,6 @@ class _Impossible(ValueError):
 
 def read_gguf(path) -> GGUFFile:
     """Parse a GGUF file's metadata and tensor index with gguf.GGUFReader; tensor data stays memory-mapped."""
-    from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
-
     path = Path(path)
     size = path.stat().st_size
     # Magic and version are checked up front so those two get precise messages; the reader's own
@@ -193,7 +184,7 @@ def read_gguf(path) -> GGUFFile:
         hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
         raise SwiftkError(f"{path}: unsupported GGUF version {version}{hint}")
     try:
-        reader = _reader_class()(path)
+        reader = _PlainViewReader(path)
     except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
         if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
@@ -316,9 +307,7 @@ def _dequantize(t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
     loops over groups of 16 rows, which is several times slower on big tensors. (Torch ports of the
     block formats were tried and were slower on CPU than gguf's numpy.)
     """
-    import gguf.quants as gq
-    from gguf import GGMLQuantizationType as Q
-
+    Q = GGMLQuantizationType
     shape = _numpy_shape(t)
     rows = t.data.shape[0]
     cols = int(t.shape[0]) if t.shape else 1
@@ -341,10 +330,6 @@ def read_blocks(f, t: GGUFTensor, where: str, out=None):
     """A block-format tensor as a BlockWeight [rows, K], its bytes read from the open file ``f`` into memory the
     process owns (pages read through the reader's map would stay resident beside them: twice the file); into
     ``out`` (a [rows, bytes per row] uint8 view) when given."""
-    from gguf import GGML_QUANT_SIZES
-
-    from ..runtime.weights import BlockWeight
-
     rows, rb = t.data.shape
     K = int(t.shape[0]) if t.shape else 1
     bs, ts = GGML_QUANT_SIZES[t.tensor_type]

@@ -11,12 +11,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..runtime.config import ModelConfig, from_hf_config
 from ..errors import SwiftkError
 from ..files import read_json, regular_file
 from .tokenizer import Tokenizer
+from ..runtime.ops import cpu_quant
+from ..runtime.ops.cpu_quant import TYPES
 from ..runtime.weights import BlockWeight
 
 from .gguf import (_BLK, GGUFFile, GGUFTensor, _check_shape, _dequantize, _gguf_config, _hf_to_gguf_name,  # noqa: F401
@@ -122,8 +126,6 @@ def _shared_buffers(cfg, by_name) -> dict:
     """HF name -> its rows of one buffer per matrix the Model stacks (q, k, v; gate, up) when the pieces share a
     block format: read into place, the stacked matrix is a view (weights.BlockWeight.cat), so a load never holds
     a second copy of them (peak memory ~ the file, not 1.6x)."""
-    from ..runtime.ops.cpu_quant import TYPES
-
     out = {}
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
@@ -145,8 +147,6 @@ def _shared_buffers(cfg, by_name) -> dict:
 def _pack_in_place(w: BlockWeight) -> BlockWeight:
     """``w``'s blocks packed for the int8 kernel (ops/cpu_quant.repack) into the buffer they were read into: the
     extra memory is one tensor's, for a moment."""
-    from ..runtime.ops import cpu_quant
-
     for raw, t in w.parts:
         raw.copy_(cpu_quant.repack(raw, t, w.K))
     return BlockWeight(w.parts, w.K, "int8")
@@ -170,9 +170,6 @@ _F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K":
 
 def _check_blocks(name: str, w: BlockWeight, where: str) -> None:
     """_check_weights for a block weight, from its float16 scale fields alone (a read of ~2% of its bytes)."""
-    import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     for raw, t in w.parts:
         qt = GGMLQuantizationType(t)
         ts = GGML_QUANT_SIZES[qt][1]
@@ -213,8 +210,6 @@ def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False, pack: bool 
         _check_shape(g, _numpy_shape(t), shape, hf)
         if t.tensor_type not in supported:
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type {t.tensor_type.name} in tensor {g}")
-    from ..runtime.ops.cpu_quant import TYPES
-
     if native == "auto":   # a quantized file: its layer matrices (not just the embedding) are block formats
         native = all(int(t.tensor_type) in TYPES.values() for t in gf.tensors if t.name.endswith("ffn_down.weight"))
     shared = _shared_buffers(cfg, by_name) if native else {}
@@ -292,7 +287,7 @@ _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 def _safetensors_keys(f: Path) -> list:
     """Tensor names in one safetensors file (reads only its header)."""
-    from safetensors import safe_open
+    from safetensors import safe_open   # lazy: only a Hugging Face directory needs safetensors
 
     try:
         with safe_open(str(f), framework="pt") as sf:
@@ -302,7 +297,7 @@ def _safetensors_keys(f: Path) -> list:
 
 
 def _load_hf_dir(d: Path, dtype: torch.dtype) -> Checkpoint:
-    from safetensors import safe_open
+    from safetensors import safe_open   # lazy: only a Hugging Face directory needs safetensors
 
     raw = read_json(d / "config.json", "config.json")
     name = raw.get("_name_or_path") or raw.get("_model_name_or_path")

@@ -26,11 +26,13 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,7 +301,7 @@ def _download(name: str, spec: ModelSpec, final: Path, tmp: Path, progress: bool
     bar = None
     try:
         if progress:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm   # lazy: keeps `import swiftk` light; only for a progress bar
 
             bar = tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"pull {name}")
         h = hashlib.sha256()
@@ -331,9 +333,6 @@ def _download(name: str, spec: ModelSpec, final: Path, tmp: Path, progress: bool
 def _clean_stale(folder: Path, age_s: float = 3600) -> None:
     """Temp files of pulls that died (killed hard, machine off): a dead pid's .partial file, and .wheels-
     folders left for over an hour."""
-    import shutil
-    import time
-
     for p in folder.glob("*.partial-*"):
         pid = p.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):

@@ -6,6 +6,7 @@ those, choosing the split regex llama.cpp uses for that pre-tokenizer name.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Iterable, Optional
@@ -267,8 +268,6 @@ class Tokenizer:
         """A content id of the tokenization (vocabulary, merges, pre-tokenizer, added tokens, eos): two model files
         with the same tokenizer share what is cached per tokenizer (the corpus tables)."""
         if getattr(self, "_fingerprint", None) is None:
-            import hashlib
-
             h = hashlib.sha256(self._tok.to_str().encode("utf-8"))
             h.update(repr((self.eos_id, self.bos_id, self.add_bos)).encode())
             self._fingerprint = h.hexdigest()[:16]
@@ -313,7 +312,7 @@ class Tokenizer:
             raise SwiftkError("this model has no chat template; pass a plain prompt instead")
         _check_messages(messages)
         if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from jinja2.sandbox import ImmutableSandboxedEnvironment   # lazy: jinja2 (~80 ms), chat templates only
 
             def raise_exception(msg):
                 raise SwiftkError(f"chat template error: {msg}")
@@ -327,7 +326,7 @@ class Tokenizer:
                 self._template = env.from_string(self.chat_template)
             except Exception as e:
                 raise SwiftkError(f"cannot parse chat template: {e}") from e
-        from jinja2 import TemplateError
+        from jinja2 import TemplateError   # lazy: as above (loaded by then)
 
         try:
             return self._template.render(

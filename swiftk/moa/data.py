@@ -63,7 +63,7 @@ def corpus_ids(eng, sources: list, max_tokens: int, answer_tokens: int = 128, pr
                     raise SwiftkError(f"{path}:{i + 1}: expected {{\"text\": str, \"chat\": bool}} ({e})") from None
             it = rows
             if progress:
-                from tqdm import tqdm
+                from tqdm import tqdm   # lazy: only for a progress bar
 
                 it = tqdm(rows, desc=f"answers ({path.name})", unit="prompt", leave=False)
             for text, chat in it:
@@ -105,7 +105,7 @@ def chunk_features(model, ids: list, max_tli: int) -> dict:
 def extract(eng, out_dir, sources: list, max_tokens: int, chunk: int = 384, max_tli: int = 1,
             answer_tokens: int = 128, progress: bool = True) -> dict:
     """Build (or reuse) the feature shards in ``out_dir``; returns the manifest."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file   # lazy: safetensors, only where shards are written
 
     out_dir = Path(out_dir)
     spec = {"sources": [str(s) for s in sources], "max_tokens": max_tokens, "chunk": chunk, "max_tli": max_tli,
@@ -128,7 +128,7 @@ def extract(eng, out_dir, sources: list, max_tokens: int, chunk: int = 384, max_
         raise SwiftkError(f"corpus has {len(ids)} tokens: need at least 2 chunks of {chunk}")
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm   # lazy: only for a progress bar
 
         bar = tqdm(total=n_chunks, desc="target features", unit="chunk", leave=False)
     shards = []
@@ -152,7 +152,7 @@ def extract(eng, out_dir, sources: list, max_tokens: int, chunk: int = 384, max_
 
 def load_features(out_dir) -> dict:
     """All shards concatenated: name -> [C, T, ...]."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file   # lazy: safetensors, only where shards are read
 
     out_dir = Path(out_dir)
     try:

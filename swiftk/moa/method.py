@@ -9,6 +9,7 @@ from ..errors import SwiftkError
 from ..home import swiftk_home
 from ..methods import Method
 from ..proposers.layerskip.draft import ModelDrafter
+from .model import load
 from .runner import MoARunner, moa_draft
 
 
@@ -28,8 +29,6 @@ def drafter_path(engine) -> Path:
 
 def load_drafter(engine, path=None) -> MoARunner:
     """Load a trained drafter (``path``, default :func:`drafter_path`) as the engine's "drafter" resource."""
-    from .model import load
-
     p = Path(path) if path is not None else drafter_path(engine)
     if path is None and not p.is_file():
         name = engine.identity.get("name") or "<model>"

@@ -192,7 +192,7 @@ class MoADrafter(nn.Module):
 def save(path, drafter: MoADrafter, identity: dict, extra: dict = None) -> None:
     """safetensors file (float32 or bf16 tensors) with the config, the target's identity and ``extra`` in the
     metadata; written under a temporary name, then renamed."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file   # lazy: safetensors, only where a drafter is written
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +212,7 @@ def save(path, drafter: MoADrafter, identity: dict, extra: dict = None) -> None:
 def load(path, target_cfg=None, identity: dict = None, device="cpu") -> tuple:
     """-> (MoADrafter in float32, extra dict). Rejects files that are not drafters, or a drafter for another
     target (by shape, and by fingerprint when both sides have one)."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open   # lazy: safetensors, only where a drafter is read
 
     path = Path(path)
     if not path.exists():

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 
 from ..errors import SwiftkError
 from ..home import swiftk_home
+from ..proposers.draft_head import frequent_token_ids
 from ..runtime.ops import reference as R
+from .data import load_features
 from .model import MoAConfig, MoADrafter, rms, save
 
 HELD_OUT = 0.05
@@ -153,7 +155,7 @@ def _ckpt_tensors(drafter, opt) -> dict:
 
 
 def _save_ckpt(path: Path, drafter, opt, step: int, meta: dict) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file   # lazy: safetensors, only for training checkpoints
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file({k: v.contiguous() for k, v in _ckpt_tensors(drafter, opt).items()}, str(tmp),
@@ -162,7 +164,7 @@ def _save_ckpt(path: Path, drafter, opt, step: int, meta: dict) -> None:
 
 
 def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
-    from safetensors import safe_open
+    from safetensors import safe_open   # lazy: safetensors, only for training checkpoints
 
     with safe_open(str(path), framework="pt") as f:
         md = f.metadata()
@@ -194,9 +196,6 @@ def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: floa
 
 def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
            drafter_options) -> dict:
-    from ..proposers.draft_head import frequent_token_ids
-    from .data import load_features
-
     out = Path(out)
     feats = load_features(features_dir)
     C = feats["tokens"].shape[0]
@@ -222,7 +221,7 @@ def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, re
     head = frozen.lm_head[head_ids]
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm   # lazy: only for a progress bar
 
         bar = tqdm(total=steps, initial=step, desc=f"train drafter (tli={cfg.tli})", unit="step")
     t0, history = time.perf_counter(), []

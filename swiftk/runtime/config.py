@@ -6,7 +6,7 @@ Loaders fill it from GGUF metadata or a Hugging Face ``config.json``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Optional
 
 import torch
@@ -211,9 +211,7 @@ def _opt(default, kind, lo=None, hi=None, choices=None, lo_open=False, help="", 
 
 
 def _validate(obj) -> None:
-    from dataclasses import fields as _fields
-
-    for f in _fields(obj):
+    for f in fields(obj):
         v, m = getattr(obj, f.name), f.metadata
         kind = m.get("kind")
         if kind is None:
@@ -325,15 +323,11 @@ class DecodeConfig:
 
 def option_names(cls, advanced: Optional[bool] = None) -> set:
     """Field names of a config class; ``advanced`` True / False: only the research knobs / only the others."""
-    from dataclasses import fields as _fields
-
-    return {f.name for f in _fields(cls) if advanced is None or f.metadata.get("advanced", False) == advanced}
+    return {f.name for f in fields(cls) if advanced is None or f.metadata.get("advanced", False) == advanced}
 
 
 def updated(base, kw: dict):
     """``base`` with the fields in ``kw`` replaced, validated (bins given as lists become tuples)."""
-    from dataclasses import replace
-
     kw = {k: (_bins_tuple(v) if k.startswith("topk_") else v) for k, v in kw.items()}
     try:
         return replace(base, **kw).validate()

@@ -25,8 +25,9 @@ import torch
 from .config import ModelConfig, rope_inv_freq
 from .devices import check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
 from ..errors import SwiftkError, warn
-from .ops import cpu_linear, get_ops
+from .ops import cpu_linear, cpu_quant, get_ops
 from .fused import FusedCPULayers
+from .graphs import GraphRunner
 from .kvcache import KVCache
 from .skipset import SkipSet
 from .ops.masks import BoundedMask, TreeMask
@@ -70,12 +71,10 @@ class Model(FusedCPULayers):
             raise SwiftkError(f"activations={activations!r} applies to GGUF block weights (weights='native') only; "
                               f"these weights are {weights or 'float'}")
         if weights == "native":
-            from .ops.cpu_quant import ACTIVATIONS
-
             if activations is None:
-                activations = ACTIVATIONS[0]
-            if activations not in ACTIVATIONS:
-                raise SwiftkError(f"activations={activations!r}: use one of {', '.join(ACTIVATIONS)}")
+                activations = cpu_quant.ACTIVATIONS[0]
+            if activations not in cpu_quant.ACTIVATIONS:
+                raise SwiftkError(f"activations={activations!r}: use one of {', '.join(cpu_quant.ACTIVATIONS)}")
         self.activations = activations   # None: float activations of the compute dtype
 
         blocks = any(isinstance(t, BlockWeight) for t in tensors.values())
@@ -146,8 +145,6 @@ class Model(FusedCPULayers):
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
         if weights == "native":
-            from .ops import cpu_quant
-
             if not cpu_quant.available():
                 raise SwiftkError(f'weights="native" needs the CPU block kernel: {cpu_quant.status()}')
             if cpu_linear.active():
@@ -162,8 +159,6 @@ class Model(FusedCPULayers):
     def enable_graphs(self, cache: Optional[KVCache] = None) -> None:
         """Replay the decode loop's small passes from CUDA graphs (graphs.py); those of plain passes over ``cache``
         are captured now, the rest on first use."""
-        from .graphs import GraphRunner
-
         self.graphs = GraphRunner(self)
         if cache is not None:
             self.graphs.warm(cache)
@@ -194,8 +189,6 @@ class Model(FusedCPULayers):
         """Which numerical model runs: the weight storage and the activation arithmetic of its matmuls."""
         dt = str(self.dtype).replace("torch.", "")
         if self.weights == "native":
-            from .ops import cpu_quant
-
             kinds = sorted({f for fs in self.formats().values() for f in fs if f not in ("F32", "F16", "BF16")})
             what = f"{'/'.join(kinds)} blocks x {self.activations} activations"
             if short:

@@ -2,12 +2,14 @@
 by the CPU kernel (ops/cpu_linear.py) with float32 activations, torch elsewhere."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import SwiftkError
-from .ops import cpu_linear
+from .ops import cpu_linear, cpu_quant
+from .ops.cpu_quant import ACTIVATIONS, INT8_ACT, TYPES
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,6 @@ class BlockWeight:
     act: str = "float32"
 
     def __post_init__(self):
-        from .ops.cpu_quant import ACTIVATIONS, INT8_ACT
-
         if self.act not in ACTIVATIONS:
             raise SwiftkError(f"BlockWeight act={self.act!r}: use one of {', '.join(ACTIVATIONS)}")
         flag = INT8_ACT if self.act == "int8" else 0
@@ -76,8 +76,6 @@ class BlockWeight:
 
     def with_act(self, act: str) -> "BlockWeight":
         """The same matrix multiplied with ``act`` activations (packed or unpacked: a copy of the blocks)."""
-        from .ops import cpu_quant
-
         if act == self.act:
             return self
         if self.packed:
@@ -138,8 +136,6 @@ class BlockWeight:
 
     def _raw_rows(self, i: int, ids) -> torch.Tensor:
         """Rows ``ids`` of part ``i`` in the file's layout."""
-        from .ops import cpu_quant
-
         raw, t = self.parts[i]
         if self.packed:
             return cpu_quant.unpack_rows(raw, t, self.K, torch.as_tensor(ids))
@@ -147,8 +143,6 @@ class BlockWeight:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """float32 [len(ids), K]: rows ``ids`` dequantized (an embedding lookup)."""
-        from .ops import cpu_quant
-
         flat = ids.reshape(-1).cpu()
         if len(self.parts) == 1 and flat.numel():   # one format (every embedding we load): no selection
             t = self.parts[0][1]
@@ -202,8 +196,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if T == 0:   # no rows asked for (e.g. logits_idx empty): the kernel takes none
         return x.new_empty(0, w.shape[0])
     if isinstance(w, BlockWeight):   # the block kernel amortises each block over all T rows; prefills take GEMM
-        from .ops import cpu_quant
-
         return cpu_quant.linear_parts(x, w.parts, w.K, w.act)
     if T <= KERNEL_MAX_ROWS and cpu_linear.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
@@ -220,8 +212,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def choose_cpu_linear_forms(w: torch.Tensor, repeats: int = 5) -> dict:
     """Time both torch product forms on ``w`` (a large weight of the model) for 2, 3, 4, 6 and 8 rows; remember the
     faster per row count (counts in between use the next measured one)."""
-    import time
-
     def best(f):
         t = float("inf")
         for _ in range(repeats):
@@ -291,8 +281,6 @@ def named_weights(model):
 
 def formats(model) -> dict:
     """Storage format of each kind of weight: GGUF block type names, INT8, or the float dtype (F32, BF16, F16)."""
-    from .ops.cpu_quant import TYPES
-
     names = {v: k for k, v in TYPES.items()}
     floats = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
     out: dict = {}

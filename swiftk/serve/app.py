@@ -355,7 +355,7 @@ async def _read_json(request):
 def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
           **server_options) -> None:
     """Serve until SIGINT/SIGTERM: then stop accepting, cancel the queued and running requests and exit."""
-    import uvicorn
+    import uvicorn   # lazy: only serve() runs a server; the app itself (and its tests) needs just fastapi
 
     srv = Server(engine, model_name, **server_options)
 

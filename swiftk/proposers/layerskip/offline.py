@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+import torch
 
 from ...atomic import write_json_atomic
 from ...errors import SwiftkError
@@ -94,9 +95,7 @@ class OfflineSearch:
             write_json_atomic(self.state_path, {"version": STATE_VERSION, "model": self.eng.identity.get("name"),
                                            "n_coords": len(self.coords), "history": self.history})
 
-    def mask(self, x) -> "torch.Tensor":
-        import torch
-
+    def mask(self, x) -> torch.Tensor:
         s = torch.zeros(2 * self.eng.config.n_layers, dtype=torch.bool)
         for c, v in zip(self.coords, x):
             s[c] = bool(v > 0.5)
@@ -122,6 +121,7 @@ class OfflineSearch:
     def _suggest(self, rng) -> np.ndarray:
         if len(self.history) < self.n_init:
             return rng.random(len(self.coords))
+        # lazy: heavy (bayes_opt, sklearn), only past the random start
         from bayes_opt import BayesianOptimization, acquisition
 
         keys = [f"x{i:03d}" for i in range(len(self.coords))]
@@ -136,7 +136,7 @@ class OfflineSearch:
 
     def run(self, progress: bool = True) -> dict:
         """Evaluate until ``iterations`` points are in the history; returns the best entry."""
-        from tqdm import tqdm
+        from tqdm import tqdm   # lazy: only for the search's progress bar
 
         rng = np.random.default_rng(self.seed + len(self.history))
         self.eng.generate(self.ids[0], max_new_tokens=4, method="autoregressive")  # warm-up, budget measurement

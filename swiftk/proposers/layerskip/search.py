@@ -37,6 +37,7 @@ _HISTORY = 512        # bounded history (long-running engines)
 
 def bo_suggest(X: np.ndarray, y: np.ndarray, kappa: float, alpha: float, seed: int) -> np.ndarray:
     """One UCB suggestion in [0, 1]^d from a GP fitted to (X, y), maximised over 2048 sampled points."""
+    # lazy: heavy (bayes_opt, sklearn), only once the online search fits its GP
     from bayes_opt import acquisition
     from bayes_opt.target_space import TargetSpace
     from sklearn.gaussian_process import GaussianProcessRegressor

@@ -46,7 +46,7 @@ def _torch_ops() -> dict:
 
 def _triton_ops(dev: torch.device, forced: bool) -> Optional[dict]:
     """Triton ops for this device, None if unusable (or SwiftkError when forced)."""
-    from . import triton_ops
+    from . import triton_ops   # lazy: a GPU backend, loaded only for CUDA or SWIFTK_BACKEND=triton
 
     if dev.type == "cpu" and not triton_ops.interpret_mode():
         if forced:
@@ -80,7 +80,7 @@ def _select(dev: torch.device) -> tuple[dict, dict]:
         if req == "triton":
             return impl, chosen
     if req in ("cuda", "cupy") or (req is None and dev.type == "cuda"):
-        from . import cuda_ops, cupy_ops
+        from . import cuda_ops, cupy_ops   # lazy: GPU backends, loaded only for CUDA or a forced backend
 
         if req in ("cuda", "cupy"):
             if dev.type != "cuda":

@@ -20,6 +20,7 @@ _KV_COMMIT_SMEM = 32 * 1024  # kKvCommitSmemBytes in kernels/cuda/swiftk_cuda.cu
 def extension():
     """The compiled module, or None when it was not built."""
     try:
+        # lazy: optional, built only with a CUDA toolchain (None when absent)
         from swiftk import _C  # type: ignore[attr-defined]
     except ImportError:
         return None

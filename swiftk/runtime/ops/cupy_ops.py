@@ -12,7 +12,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from .triton_ops import kernels_package
 
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2     # swiftk_dtype codes (csrc/include/swiftk.h)
 MAX_HEAD_DIM = 256                       # SWIFTK_MAX_HEAD_DIM
@@ -25,22 +28,20 @@ def available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "torch sees no CUDA device"
     try:
-        import cupy  # noqa: F401  (importable is the test)
+        import cupy  # noqa: F401  (optional: importable is the test)
     except Exception as e:   # ImportError, or a CuPy built for another CUDA raising at import
         return False, f"cupy cannot be imported ({type(e).__name__}: {e})"
     return True, "ok"
 
 
 def _kernels_dir() -> Path:
-    from .triton_ops import kernels_package
-
     return Path(kernels_package().__file__).resolve().parent / "cuda"
 
 
 @functools.lru_cache(maxsize=None)
 def _module(file: str, kernel: str):
     """The RawModule of one .cu file with the kernel instantiated for the three dtypes."""
-    import cupy
+    import cupy   # lazy: optional (checked by available())
 
     folder = _kernels_dir()
     names = tuple(f"swiftk::{kernel}<{t}>" for t in _CTYPE.values())
@@ -55,8 +56,6 @@ def _function(file: str, kernel: str, dtype: int):
 
 
 def _struct(fields: list):
-    import numpy as np
-
     dt = np.dtype({"names": [n for n, _ in fields], "formats": [f for _, f in fields]}, align=True)
     return dt
 
@@ -78,13 +77,11 @@ def _dtypes():
 
 
 def _record(dt, values: tuple):
-    import numpy as np
-
     return np.array([values], dtype=dt)[0]
 
 
 def _launch(fn, grid, block, args, stream: int, shared_mem: int = 0) -> None:
-    import cupy
+    import cupy   # lazy: optional (checked by available())
 
     with cupy.cuda.ExternalStream(stream):
         fn(grid, block, args, shared_mem=shared_mem)
@@ -119,8 +116,6 @@ class _Extension:
         _launch(_function("tree_attention.cu", "tree_attention_kernel", dtype), (T, H), (128,), (p,), stream)
 
     def kv_commit(self, cache, src, dst, n, L, KV, hd, s_l, s_c, s_h, s_s, dtype, stream):
-        import numpy as np
-
         op = "kv_commit"
         _check_dtype(dtype, op)
         if n < 0 or L < 0 or KV < 0 or hd <= 0:

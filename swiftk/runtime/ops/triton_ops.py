@@ -39,7 +39,7 @@ def interpret_mode() -> bool:
 def available() -> tuple[bool, str]:
     """(usable, reason) — importable Triton, and the kernel modules import."""
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (optional: importable is the test)
     except Exception as e:  # ImportError, or a broken install raising at import
         return False, f"triton cannot be imported ({type(e).__name__}: {e})"
     try:
