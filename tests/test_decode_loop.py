@@ -497,3 +497,51 @@ def test_stats_report_the_prefill_apart(eng, monkeypatch, method):
     if method == "swift":   # the phases partition the call: the prefill is not also counted as verify time
         parts = st.time_prefill_s + st.time_verify_s + st.time_draft_s + st.time_other_s + st.time_optimize_s
         assert parts <= st.wall_time_s and st.time_verify_s < st.wall_time_s - 0.05
+
+
+# ---- the free sources' host time (SourceBudget) ---------------------------------------------------------------------
+def _consults(budget, rounds: int, spent: dict, accepted: dict, step_s: float = 0.005) -> dict:
+    """Drive a SourceBudget for ``rounds`` rounds in which each consulted source spends ``spent[name]`` seconds and
+    gets ``accepted[name]`` tokens accepted; returns how many rounds consulted each."""
+    n = {k: 0 for k in spent}
+    for _ in range(rounds):
+        budget.start_round()
+        for k in budget.on:
+            n[k] += 1
+            budget.spent[k] = spent[k]
+        budget.end_round({k: accepted[k] for k in budget.on}, step_s)
+    return n
+
+
+def test_a_source_whose_host_time_buys_nothing_is_only_probed():
+    from swiftk.decoding.costs import SourceBudget
+
+    spent = {"slow": 0.001, "useful": 0.001, "cheap": 0.0}
+    accepted = {"slow": 0, "useful": 1, "cheap": 0}
+    n = _consults(SourceBudget(spent), 200, spent, accepted)
+    assert n["useful"] == 200 and n["cheap"] == 200   # pays for itself / costs nothing: every round
+    assert 8 <= n["slow"] <= 8 + 200 // 16 + 5, n      # its first rounds, then a probe every 16th at most
+    # "always": every source every round, whatever it costs
+    assert _consults(SourceBudget(spent, auto=False), 50, spent, accepted)["slow"] == 50
+    # a source that starts paying is consulted every round again
+    b = SourceBudget(["s"])
+    _consults(b, 100, {"s": 0.001}, {"s": 0})
+    late = _consults(b, 100, {"s": 0.001}, {"s": 2})
+    assert late["s"] >= 80, late
+
+
+def test_a_slow_useless_proposer_is_rarely_asked_and_output_is_unchanged(eng):
+    ref = ar(eng, n=160)
+
+    class Slow:
+        calls = 0
+
+        def propose(self, tokens):
+            Slow.calls += 1
+            time.sleep(0.002)   # far more than a round of the tiny model gains from it: nothing
+            return [int(tokens[-1]) ^ 1]   # never what the model says next (greedy on this prompt)
+
+    out = eng.generate(PROMPT, max_new_tokens=160, proposers=[Slow()], optimize=False)
+    assert out.token_ids == ref
+    passes = out.stats.rounds + out.stats.plain_steps
+    assert passes >= 20 and Slow.calls <= 8 + passes // 4, (Slow.calls, passes)   # without the budget: every pass

@@ -12,6 +12,7 @@ import time
 import torch
 
 from .acceptance import accept_tree
+from .costs import SourceBudget
 from ..proposers.base import Context
 from .session import Session
 from .tree import Chain, build_tree
@@ -25,15 +26,18 @@ def speculative_decode(s: Session, drafter, sources: list):
     if drafter is not None:
         owners[drafter.name] = drafter
     costs, gate = s.costs, s.gate
+    budget = SourceBudget((src.name for src in sources), gate.auto)   # sources whose host time buys nothing: probed
     s.start()
     while not s.done:
         phase = drafter.optimize(s) if drafter is not None else "accelerate"
+        budget.start_round()
         t = time.perf_counter()
         levels, chains = [], []
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
             levels = drafter.propose(s) if drafter is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
-            chains = [c for src in sources for c in as_chains(src.propose(ctx))]
+            chains = [c for src in sources if src.name in budget.on
+                      for c in as_chains(budget.timed(src.name, src.propose, ctx))]
         t_draft = time.perf_counter() - t
         tree = None
         if levels or chains:
@@ -48,20 +52,22 @@ def speculative_decode(s: Session, drafter, sources: list):
         if tree is None or tree.size == 1:
             root = s.tokens[-1]
             logits = s.plain_step(phase)
-            for src in learners:
-                src.learn(torch.tensor([root]), logits)
+            learn(budget, learners, torch.tensor([root]), logits)
+            budget.end_round({}, costs.step or 0.0)
             if levels:   # drafted, but no node was worth verifying: a round slower than a plain step
                 gate.drafted(costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(1)))
             continue
 
         logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
         path, bonus = accept(s, tree, logits)
-        for src in learners:
-            src.learn(tree.tokens[path], logits[path])
+        learn(budget, learners, tree.tokens[path], logits[path])
         t_verify = s.timer.add("verify", t) - t
         costs.observe_verify(tree.size, t_verify)
+        hits: dict = {}
         for i, hit in tree.outcomes(path.tolist()):
             owners[tree.source[i]].observe(tree.key[i], hit)
+            hits[tree.source[i]] = hits.get(tree.source[i], 0) + hit
+        budget.end_round(hits, costs.step or 0.0)
         if gate.probing:
             gate.probed(path.shape[0] > 1)
         if levels:   # the round's speed in plain-step units, priced by the cost model
@@ -72,6 +78,13 @@ def speculative_decode(s: Session, drafter, sources: list):
     if drafter is not None:
         drafter.finish(s.stats)
     return s.finish()
+
+
+def learn(budget, learners: list, tokens, logits) -> None:
+    """The target's scores to the sources that learn from them (Token Recycling), those consulted this round."""
+    for src in learners:
+        if src.name in budget.on:
+            budget.timed(src.name, src.learn, tokens, logits)
 
 
 def as_chains(proposal) -> list:
