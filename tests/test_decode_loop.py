@@ -516,11 +516,14 @@ def _consults(budget, rounds: int, spent: dict, accepted: dict, step_s: float = 
 def test_a_source_whose_host_time_buys_nothing_is_only_probed():
     from swiftk.decoding.costs import SourceBudget
 
-    spent = {"slow": 0.001, "useful": 0.001, "cheap": 0.0}
-    accepted = {"slow": 0, "useful": 1, "cheap": 0}
-    n = _consults(SourceBudget(spent), 200, spent, accepted)
+    spent = {"slow": 0.001, "useful": 0.001, "cheap": 0.0, "small": 0.00002}
+    accepted = {"slow": 0, "useful": 1, "cheap": 0, "small": 0}
+    n = _consults(SourceBudget(spent), 200, spent, accepted)   # a step of 5 ms
     assert n["useful"] == 200 and n["cheap"] == 200   # pays for itself / costs nothing: every round
-    assert 8 <= n["slow"] <= 8 + 200 // 16 + 5, n      # its first rounds, then a probe every 16th at most
+    assert n["small"] == 200                          # 0.4% of a step: below the share, never skipped
+    assert 8 <= n["slow"] <= 8 + 200 // 16 + 5, n      # 20% of a step: its first rounds, then every 16th at most
+    mid = _consults(SourceBudget(["m"]), 200, {"m": 0.0001}, {"m": 0})   # 2% of a step: every 4th round
+    assert 8 + 192 // 4 <= mid["m"] <= 8 + 192 // 4 + 5, mid
     # "always": every source every round, whatever it costs
     assert _consults(SourceBudget(spent, auto=False), 50, spent, accepted)["slow"] == 50
     # a source that starts paying is consulted every round again
