@@ -883,8 +883,9 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
   const uint8_t* tailp = tail.data();
   auto group = [&](int64_t g) { return g < full ? w + 8 * g * rb : tailp; };
 #if SWI_V512
-  // a small pass: up to 8 pairs of rows per unpacking. M <= 4 stays on one 8-lane unpacking (no faster in 512 bits)
-  if (M >= 5 && M <= kDirectMax<T>) {
+  // a small pass, every format: up to 8 pairs of rows per unpacking (K formats too: 1.2-1.4x the tiles at 8-16
+  // rows, bench.qdot_ab). M <= 4 stays on one 8-lane unpacking (no faster in 512 bits)
+  if (M >= 5 && M <= 16) {
     thread_local XP pairs;
     pair_rows(X, pairs);
     const XP& Y = pairs;   // the caller's (a thread_local named inside the parallel loop is each thread's own)
