@@ -22,8 +22,8 @@
 //
 // ISA: AVX2+FMA+F16C (vpmaddubsw + vpmaddwd; no int16 saturation can happen: weights enter as unsigned 4-6 bit
 // values or, for Q8_0, through the sign trick, and at most as many products are summed in int16 as fit), with
-// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 2 or
-// more rows run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
+// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 5 to
+// 16 rows run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
 // r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
 #include <math.h>
@@ -47,7 +47,7 @@
 #else
 #define SWI_VNNI 0
 #endif
-// AVX-512 VNNI: passes of 2+ rows also run on 512-bit vectors, two activation rows per vector (below)
+// AVX-512 VNNI: passes of 5-16 rows run on 512-bit vectors, two activation rows per vector (below)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SWI_V512 1
 #else
@@ -648,6 +648,12 @@ inline void span_rows(const Span* S, int nb, const QX& X, int64_t b0, float* acc
   }
 }
 
+// The cache lines starting inside the n bytes at blk, SWI_PFD ahead: each line once (groups lie back to back).
+inline void prefetch_ahead(const uint8_t* blk, int n) {
+  const uintptr_t q = (uintptr_t)(blk + SWI_PFD);
+  for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 3);
+}
+
 // Activation rows m0 .. m0 + MT - 1 (MT <= 4) against one group's packed blocks b0 .. b0 + nb - 1, each weight vector
 // multiplied as it is unpacked (no L1 buffer): decode steps and small verify passes. Same integers and float ops as
 // mpart.
@@ -659,17 +665,13 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
   const iv zero = _mm256_setzero_si256();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t b = b0 + bi, a0 = b * (Fmt<T>::BS / 32);
-    {   // the lines starting inside this block's bytes, SWI_PFD ahead: each line once (groups lie back to back)
-      const uintptr_t q = (uintptr_t)(p + bi * GBT + SWI_PFD);
-      for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + GBT; a += 64) __builtin_prefetch((const void*)a, 0, 3);
-    }
+    prefetch_ahead(p + bi * GBT, GBT);
     const int8_t* x[MT];
-    iv isum[MT], part[MT], part2[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's
-    for (int m = 0; m < MT; m++) {       // products (VNNI: of its even v, part2 of its odd v)
+    iv isum[MT], part[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's products
+    for (int m = 0; m < MT; m++) {
       x[m] = X.q.data() + (m0 + m) * K + Fmt<T>::BS * b;
-      isum[m] = part[m] = part2[m] = zero;
+      isum[m] = part[m] = zero;
     }
-    (void)part2;
     unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
       const int js = v / VS;   // the scale it falls under (K formats)
       for (int m = 0; m < MT; m++) {
@@ -680,15 +682,10 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
                                                                 _mm256_set1_epi16(1)));
         } else {
 #if SWI_VNNI
-          // up to 2 rows: two accumulators per row, even and odd v (vpdpbusd's 5-cycle latency bounds a chain)
-          constexpr bool two = MT <= 2;
           const iv wu = T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w;
-          iv& pa = two && (v & 1) ? part2[m] : part[m];
-          pa = SWI_DPBUSD(v % VS > (two ? 1 : 0) ? pa : zero, wu, xb);
-          if (v % VS == VS - 1) {
-            const iv ps = _mm256_add_epi32(part[m], part2[m]);   // exact: the order of integer sums is free
-            isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(ps, S.sc32[js]) : ps);
-          }
+          part[m] = SWI_DPBUSD(v % VS ? part[m] : zero, wu, xb);
+          if (v % VS == VS - 1)
+            isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(part[m], S.sc32[js]) : part[m]);
 #else
           const iv t = _mm256_maddubs_epi16(w, xb);
           part[m] = v % G ? _mm256_add_epi16(part[m], t) : t;
@@ -799,45 +796,37 @@ inline zf epilogue2(const ZW& z, const XP& Y, int64_t p, int64_t a, zv isum, zf 
   return acc;
 }
 
-// direct<T> for MP (<= 8) pairs p0 .. p0 + MP - 1 (2 MP activation rows) against one group's packed blocks.
+// direct<T> for the MP (3..8) pairs of the pass (2 MP - 1 or 2 MP activation rows) against one group's blocks.
 template <int T, int MP>
-inline void direct2(const uint8_t* p, int nb, const XP& Y, int64_t p0, Span& S, zf (&acc)[MP]) {
+inline void direct2(const uint8_t* p, int nb, const XP& Y, Span& S, zf (&acc)[MP]) {
   constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
   const int64_t nq = Y.K / 4;
   const zv zero = _mm512_setzero_si512();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t a0 = bi * (Fmt<T>::BS / 32);
-    {
-      const uintptr_t q = (uintptr_t)(p + bi * GBT + SWI_PFD);
-      for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + GBT; a += 64) __builtin_prefetch((const void*)a, 0, 3);
-    }
+    prefetch_ahead(p + bi * GBT, GBT);
     const int32_t* x[MP];
-    // up to 4 pairs: even and odd v's products apart (vpdpbusd's 5-cycle latency bounds each chain); more pairs
-    // are chains enough, and the registers go to them
-    zv isum[MP], part[2][MP];
+    zv isum[MP], part[MP];
     for (int m = 0; m < MP; m++) {
-      x[m] = Y.q.data() + ((p0 + m) * nq + Fmt<T>::BS / 4 * bi) * 2;
-      isum[m] = part[0][m] = part[1][m] = zero;
+      x[m] = Y.q.data() + (m * nq + Fmt<T>::BS / 4 * bi) * 2;
+      isum[m] = part[m] = zero;
     }
     unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
       const zv W = dup2(T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w);
-      zv* pa = part[MP > 4 ? 0 : v & 1];
-      for (int m = 0; m < MP; m++) pa[m] = _mm512_dpbusd_epi32(v % VS > (MP > 4 ? 0 : 1) ? pa[m] : zero, W, bc8(x[m] + 2 * v));
+      for (int m = 0; m < MP; m++) part[m] = _mm512_dpbusd_epi32(v % VS ? part[m] : zero, W, bc8(x[m] + 2 * v));
       if (v % VS == VS - 1) {
         if constexpr (Fmt<T>::BS == 256) {
           const zv sc = dup2(S.sc32[v / VS]);
-          for (int m = 0; m < MP; m++)
-            isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(_mm512_add_epi32(part[0][m], part[1][m]), sc));
+          for (int m = 0; m < MP; m++) isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(part[m], sc));
         } else {
-          for (int m = 0; m < MP; m++)
-            isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(part[0][m], part[1][m]));
+          for (int m = 0; m < MP; m++) isum[m] = _mm512_add_epi32(isum[m], part[m]);
         }
       }
       if (v % 8 == 7) {
         const int j = Fmt<T>::BS == 32 ? bi : v / 8;
         const ZW z = zweights<T>(S, j);
         for (int m = 0; m < MP; m++) {
-          acc[m] = epilogue2<T>(z, Y, p0 + m, a0 + v / 8, isum[m], acc[m]);
+          acc[m] = epilogue2<T>(z, Y, m, a0 + v / 8, isum[m], acc[m]);
           isum[m] = zero;
         }
       }
@@ -845,18 +834,18 @@ inline void direct2(const uint8_t* p, int nb, const XP& Y, int64_t p0, Span& S, 
   }
 }
 
-// rows 2 p0 .. of group g into y (at most M rows)
+// the pass's M rows against the group of output columns n0 .. n0 + 7, into y
 template <int T, int MP>
-void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span& S, int64_t M, int64_t n0,
-                  int64_t N, float* y, int64_t ldy) {
+void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M, int64_t n0, int64_t N, float* y,
+                  int64_t ldy) {
   zf acc[MP];
   for (int m = 0; m < MP; m++) acc[m] = _mm512_setzero_ps();
-  direct2<T, MP>(p, (int)nblk, Y, p0, S, acc);
+  direct2<T, MP>(p, (int)nblk, Y, S, acc);
   alignas(64) float out[16];
   for (int m = 0; m < MP; m++) {
     _mm512_store_ps(out, acc[m]);
-    for (int h = 0; h < 2 && 2 * (p0 + m) + h < M; h++)
-      for (int r = 0; r < 8 && n0 + r < N; r++) y[(2 * (p0 + m) + h) * ldy + n0 + r] = out[2 * r + h];
+    for (int h = 0; h < 2 && 2 * m + h < M; h++)
+      for (int r = 0; r < 8 && n0 + r < N; r++) y[(2 * m + h) * ldy + n0 + r] = out[2 * r + h];
   }
 }
 #endif
@@ -893,17 +882,13 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
 #pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
     for (int64_t g = 0; g < ng; g++) {
       Span S;
-      for (int64_t p0 = 0; p0 < P; p0 += 8) {
-        switch (P - p0 < 8 ? P - p0 : 8) {
-          case 5: direct2_rows<T, 5>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 6: direct2_rows<T, 6>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 7: direct2_rows<T, 7>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 8: direct2_rows<T, 8>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 1: direct2_rows<T, 1>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 2: direct2_rows<T, 2>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 3: direct2_rows<T, 3>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-          case 4: direct2_rows<T, 4>(group(g), nblk, Y, p0, S, M, 8 * g, N, y, ldy); break;
-        }
+      switch (P) {   // 5..16 rows: one unpacking of 3 to 8 pairs
+        case 3: direct2_rows<T, 3>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+        case 4: direct2_rows<T, 4>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+        case 5: direct2_rows<T, 5>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+        case 6: direct2_rows<T, 6>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+        case 7: direct2_rows<T, 7>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+        default: direct2_rows<T, 8>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
       }
     }
     return;
