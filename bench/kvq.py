@@ -31,7 +31,7 @@ def main(argv=None) -> int:
 
     import swiftk
     from swiftk.proposers.draft_loop import draft
-    from swiftk.runtime.config import DecodeConfig
+    from swiftk.options import DecodeConfig
     from swiftk.decoding.costs import Gate
     from swiftk.decoding.sampler import Sampler, SamplingParams
     from swiftk.decoding.state import GateMemory

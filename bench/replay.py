@@ -1,10 +1,11 @@
-"""Replay: drafters compared on identical outputs, with swiftk's real tree builder and gate and a measured cost table.
+"""Replay: drafters compared on identical outputs, through generate's own round and a measured cost table.
 
 The greedy output of every prompt is decoded once (swiftk autoregressive), and the target's top-k after each output
-token is taken from one teacher-forced pass. Each drafter then replays every output: per round it proposes from the
-sequence so far, the tree is built and gated exactly as in ``generate`` (or cut to a fixed verify budget), the
-accepted path is the longest one that agrees with the known output, and the drafter learns from the outcome (Token
-Recycling from the recorded top-k). Time per round = the drafter's measured host time + the cost table's verify pass,
+token is taken from one teacher-forced pass. Each drafter then replays every output through the round generate runs
+(decoding.loop.speculative_decode: sources, tree, gate, source budget, acceptance, learning) against a recorded
+target that scores every pass from those top-k lists, so the round accepts what agrees with the known output and
+Token Recycling learns the real scores; a fixed verify budget instead of the gate is speculate="always" with
+max_tree_nodes. Time per round = the round's measured drafting time + the cost table's verify pass,
 so the replay predicts the speedup over autoregressive before a decode is run, and compares drafters on the same
 tokens (ours vs ArcticInference's suffix cache at the same budget, bench/arctic.py).
 
@@ -23,6 +24,16 @@ import time
 from pathlib import Path
 
 import torch
+
+from swiftk.decoding.costs import CostModel, Gate
+from swiftk.decoding.loop import speculative_decode, verify
+from swiftk.decoding.output import TokenSink
+from swiftk.decoding.sampler import Sampler, SamplingParams
+from swiftk.decoding.session import Session
+from swiftk.decoding.tree import build_tree
+from swiftk.options import DecodeConfig, updated
+from swiftk.proposers import free_sources
+from swiftk.proposers.base import Chain, FreeSource
 
 TOPK = 8
 
@@ -69,9 +80,6 @@ def outputs(eng, items: list, max_new: int, cache_dir: Path) -> list:
 
 def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repeats: int = 7) -> dict:
     """Seconds of a verify pass over T tokens (a chain) after ``context`` committed tokens, median of ``repeats``."""
-    from swiftk.decoding.loop import verify
-    from swiftk.decoding.tree import Chain, build_tree
-
     model, cache = eng.model, eng.cache
     ids = list(range(100, 100 + context))
     cache.reset()
@@ -95,133 +103,140 @@ def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repe
 
 
 def cost_model(eng, table: dict):
-    from swiftk.decoding.costs import CostModel
-
-    cm = CostModel(eng.model)   # observed now (not loaded from a file): fully believed
+    """A cost model holding the table's figures (observed now, not loaded from a file: fully believed) that the
+    replay's own pass times do not move."""
+    cm = FixedCosts(eng.model)
     cm.observe_step(table[1])
     for T, dt in table.items():
         if T > 1:
             cm.observe_verify(T, dt)
+    cm.fixed = True
     return cm
+
+
+class FixedCosts(CostModel):
+    fixed = False
+
+    def observe_step(self, dt: float) -> None:
+        if not self.fixed:
+            super().observe_step(dt)
+
+    def observe_verify(self, T: int, dt: float) -> None:
+        if not self.fixed:
+            super().observe_verify(T, dt)
+
+
+class RecordedTarget:
+    """The target model as the replay's round sees it: the row of a pass at position p scores the top-k the real
+    target gave after reading position p of the recorded output (the output's next token first), so greedy
+    acceptance follows that output and Token Recycling learns what it would have from the real scores."""
+
+    def __init__(self, vocab_size: int):
+        self.device, self.vocab, self.by_pos = torch.device("cpu"), vocab_size, {}
+        self.ranks = torch.arange(TOPK, 0, -1, dtype=torch.float32)
+
+    def load(self, row: dict) -> None:
+        P, out = len(row["ids"]), row["out"]
+        self.by_pos = {P - 1: [out[0]]}   # the prefill's pick
+        for j, top in enumerate(row["topk"]):
+            nxt = out[j + 1:j + 2]
+            self.by_pos[P + j] = (nxt + [t for t in top if t not in nxt])[:TOPK]
+
+    def forward(self, token_ids, positions, slots, cache, attn_mask=None, logits_idx=None, **_) -> torch.Tensor:
+        pos = (positions if logits_idx is None else positions[logits_idx]).tolist()
+        out = torch.zeros(len(pos), self.vocab)   # past the output: token 0's row, nothing follows it there
+        for r, p in enumerate(pos):
+            top = self.by_pos.get(p)
+            if top:
+                out[r, top] = self.ranks[:len(top)]
+        return out
 
 
 # ---------------------------------------------------------------- drafters
 class Ours:
-    """swiftk's free sources as one drafter: fresh sources per request (like a call), one learned state across
-    requests (carried estimates, session history, the successor table)."""
+    """swiftk's free sources: made per request as generate makes them, one learned state across requests (carried
+    estimates, gate memory, session history, the successor table)."""
 
     def __init__(self, eng, options: dict):
-        from swiftk.runtime.config import DecodeConfig, updated
-
-        self.eng, self.cfg = eng, updated(DecodeConfig(), options)
+        self.eng, self.options = eng, options
         self.state = eng.new_state()
-        self.sources, self.owners = [], {}
 
     def begin(self, prompt: list) -> None:
-        from swiftk.proposers import free_sources
+        pass
 
-        self.sources = free_sources(self.eng, self.state, self.cfg)
-        self.owners = {s.name: s for s in self.sources}
-
-    def propose(self, ctx) -> list:
-        from swiftk.decoding.loop import as_chains
-
-        return [c for src in self.sources for c in as_chains(src.propose(ctx))]
-
-    def learn(self, tree, path: list, read: list, topk: list) -> None:
-        if tree is not None:
-            for i, hit in tree.outcomes(path):
-                self.owners[tree.source[i]].observe(tree.key[i], hit)
-        for src in self.sources:
-            if src.learns:
-                src.succ.put(torch.tensor(read), torch.tensor(topk, dtype=torch.int32))
+    def sources(self, cfg) -> list:
+        return free_sources(self.eng, self.state, cfg)
 
     def end(self, output: list) -> None:
         self.state.history.add(output)
 
 
 class External:
-    """A drafter with begin/propose(tokens, budget) -> chains/end (bench/arctic.py), priced flat for the tree."""
+    """A drafter with begin/propose(tokens, budget) -> chains/end (bench/arctic.py) as the round's one free source,
+    priced flat (0.99 a node), on a learned state of its own that only its gate memory uses."""
 
     def __init__(self, obj, budget: int):
-        self.obj, self.budget = obj, budget
+        self.obj, self.budget, self.options = obj, budget, {}
+        self.state = None
 
     def begin(self, prompt: list) -> None:
         self.obj.begin(list(prompt))
 
-    def propose(self, ctx) -> list:
-        from swiftk.decoding.tree import Chain
-
-        return [Chain(list(c), [0.99] * len(c), "draft_ext") for c in self.obj.propose(list(ctx.tokens), self.budget)
-                if c]
-
-    def learn(self, tree, path, read, topk) -> None:
-        pass
+    def sources(self, cfg) -> list:
+        return [_ExternalSource(self.obj, self.budget)]
 
     def end(self, output: list) -> None:
         self.obj.end(list(output))
 
 
-# ---------------------------------------------------------------- the replay loop
-def replay(drafter, rows: list, costs, budget: int = 0) -> dict:
-    """Replays ``rows`` through ``drafter``; ``budget`` 0: the gate sizes each tree (as generate does), else every
-    tree keeps its ``budget`` likeliest nodes. Returns totals and predicted speed."""
-    from swiftk.runtime.config import DecodeConfig
-    from swiftk.decoding.costs import Gate
-    from swiftk.proposers.base import Context
-    from swiftk.decoding.state import GateMemory
-    from swiftk.decoding.tree import build_tree
+class _ExternalSource(FreeSource):
+    name = "draft_ext"
 
-    cfg = DecodeConfig()
-    step = costs.step
+    def __init__(self, obj, budget: int):
+        super().__init__()
+        self.obj, self.budget = obj, budget
+
+    def propose(self, ctx) -> list:
+        return [Chain(list(c), [0.99] * len(c), self.name, [0] * len(c))
+                for c in self.obj.propose(list(ctx.tokens), self.budget) if c]
+
+    def observe(self, key: int, hit: bool) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- the replay: generate's round on a recorded target
+def replay(eng, drafter, rows: list, costs, budget: int = 0) -> dict:
+    """Replays ``rows`` through ``drafter`` with the round generate runs (decoding.loop.speculative_decode) against
+    a :class:`RecordedTarget`; ``budget`` 0: the gate sizes each tree, else every tree keeps its ``budget``
+    likeliest nodes (speculate="always"). Time per round: the round's measured drafting time (proposals and the
+    tree) plus the cost table's verify pass. Returns totals and the predicted speed."""
+    fixed = {"speculate": "always", "max_tree_nodes": budget} if budget else {}
+    cfg = updated(DecodeConfig(), {**drafter.options, **fixed, "trace": True})
+    state = drafter.state if drafter.state is not None else eng.new_state()
+    target = RecordedTarget(eng.config.vocab_size)
     tot = {"tokens": 0, "passes": 0, "plain": 0, "accepted": 0, "time_s": 0.0, "host_s": 0.0, "nodes": 0}
     for row in rows:
-        gate = Gate(costs, GateMemory(), cfg)
-        max_nodes = budget or 64
-        prompt, out, topk = row["ids"], row["out"], row["topk"]
-        drafter.begin(prompt)
-        tokens, i = list(prompt) + out[:1], 1   # out[0] comes from the prefill; it is the first root
-        while i < len(out):
-            t = time.perf_counter()
-            ctx = Context(tokens, min(cfg.max_draft, max_nodes - 1), gate.value_floor if not budget else 0.0)
-            chains = drafter.propose(ctx)
-            t_draft = time.perf_counter() - t
-            tree = None
-            if chains:
-                size = (lambda vals: min(len(vals), budget - 1)) if budget else (lambda vals: gate.free_size(t_draft, vals))
-                tree = build_tree(tokens[-1], [], len(tokens) - 1, max_nodes, "cpu", chains=chains, choose_size=size)
-            host = time.perf_counter() - t
-            tot["host_s"] += host
-            if tree is None or tree.size == 1:
-                tot["plain"] += 1
-                tot["time_s"] += host + costs.v(1)
-                drafter.learn(None, [0], [tokens[-1]], [topk[i - 1]])
-                tokens.append(out[i])
-                i += 1
-                continue
-            path, node = [0], 0   # greedy acceptance: follow the known output down the tree
-            par, tok = tree.parents.tolist(), tree.tokens.tolist()
-            while True:
-                nxt = next((c for c in range(1, tree.size) if par[c] == node and i + len(path) - 1 < len(out)
-                            and tok[c] == out[i + len(path) - 1]), None)
-                if nxt is None:
-                    break
-                path.append(nxt)
-                node = nxt
-            if gate.probing:
-                gate.probed(len(path) > 1)
-            n_new = min(len(path), len(out) - i)   # accepted + bonus, cut at the output's end
-            read = [tok[j] for j in path]
-            drafter.learn(tree, path, read, [topk[i - 1 + d] for d in range(len(path))])
-            tokens += out[i:i + n_new]
-            i += n_new
-            tot["passes"] += 1
-            tot["accepted"] += len(path) - 1
-            tot["nodes"] += tree.size
-            tot["time_s"] += host + costs.v(tree.size)
+        target.load(row)
+        out = row["out"]
+        drafter.begin(row["ids"])
+        sources = drafter.sources(cfg)
+        sink = TokenSink(eng.tokenizer, len(out))
+        s = Session(target, eng.cache, costs, Gate(costs, state.gate, cfg), Sampler(SamplingParams(), "cpu"), sink,
+                    cfg, list(row["ids"]), [x.name for x in sources])
+        st = speculative_decode(s, None, sources)
+        if sink.ids != out:
+            raise RuntimeError(f"replay of {row['id']} left the recorded output at token "
+                               f"{next(i for i, (a, b) in enumerate(zip(sink.ids + [-1], out)) if a != b)}")
         drafter.end(out)
-        tot["tokens"] += len(out) - 1
-    ar_time = tot["tokens"] * step
+        n = len(out) - 1   # out[0] comes from the prefill
+        tot["tokens"] += n
+        tot["passes"] += st.rounds
+        tot["plain"] += st.plain_steps
+        tot["accepted"] += min(st.accepted_tokens, n - st.rounds - st.plain_steps)   # cut at the output's end
+        tot["nodes"] += sum(st.tree_sizes)
+        tot["host_s"] += st.time_draft_s
+        tot["time_s"] += st.time_draft_s + sum(costs.v(T) for T in st.tree_sizes) + st.plain_steps * costs.v(1)
+    ar_time = tot["tokens"] * costs.step
     tot["tokens_per_pass"] = (tot["accepted"] + tot["passes"]) / tot["passes"] if tot["passes"] else 1.0
     tot["predicted_speedup"] = ar_time / tot["time_s"] if tot["time_s"] else 1.0
     tot["mean_tree"] = tot["nodes"] / tot["passes"] if tot["passes"] else 0.0
@@ -267,7 +282,7 @@ def main(argv=None) -> int:
         rows = outputs(eng, items, a.max_new_tokens, cache_dir / "replay" / a.model)
         for name in a.configs.split(","):
             for b in budgets:
-                r = replay(Ours(eng, CONFIGS[name]), rows, costs, b)
+                r = replay(eng, Ours(eng, CONFIGS[name]), rows, costs, b)
                 results[(w, name, b)] = r
                 print(f"{w:10s} {name:16s} budget={b or 'gate':>4} tokens/pass {r['tokens_per_pass']:.2f} "
                       f"plain {r['plain']:4d} tree {r['mean_tree']:.1f} predicted {r['predicted_speedup']:.2f}x")
@@ -275,7 +290,7 @@ def main(argv=None) -> int:
             from bench.arctic import ArcticSuffix
 
             for b in budgets[1:] or [16]:
-                r = replay(External(ArcticSuffix(), b), rows, costs, b)
+                r = replay(eng, External(ArcticSuffix(), b), rows, costs, b)
                 results[(w, "arctic-suffix", b)] = r
                 print(f"{w:10s} {'arctic-suffix':16s} budget={b:>4} tokens/pass {r['tokens_per_pass']:.2f} "
                       f"predicted {r['predicted_speedup']:.2f}x")

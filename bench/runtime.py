@@ -98,7 +98,7 @@ def pass_costs(engines: dict, reps: int, verify=(4, 8, 16)) -> dict:
         cache.advance(ctx)
         use("kernel-fp32")
     # the reduced-vocabulary draft head as generate builds it (DecodeConfig.draft_vocab frequent tokens + context)
-    from swiftk.runtime.config import DecodeConfig
+    from swiftk.options import DecodeConfig
 
     heads = {}
     for c, eng in engines.items():

@@ -16,7 +16,7 @@ from .loading.registry import DEFAULT_MODEL, MODELS, pull
 # The rest import torch (~4 s): loaded on first use, so `swiftk --help` is quick and the CLI owns Ctrl-C from its
 # first line on (its entry point imports this package before it can catch anything).
 _LAZY = {"load": "api", "generate": "api", "Engine": "engine", "GenerationResult": "decoding.output",
-         "DecodeConfig": "runtime.config", "OptimizerConfig": "runtime.config", "LearnedState": "decoding.state",
+         "DecodeConfig": "options", "OptimizerConfig": "options", "LearnedState": "decoding.state",
          "SkipSetState": "decoding.state"}
 
 __version__ = "0.1.0"

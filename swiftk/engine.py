@@ -18,13 +18,13 @@ import torch
 
 from . import methods
 from .runtime import skipset
-from .runtime.config import DecodeConfig, OptimizerConfig, option_names, updated
+from .options import DecodeConfig, OptimizerConfig, option_names, updated
 from .decoding.costs import CostModel, Gate
 from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
 from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, stream_pieces
-from .decoding.passes import autoregressive
+from .decoding.passes import autoregressive, full_logits
 from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, describe
@@ -364,12 +364,8 @@ class Engine(EngineCorpus):
             raise SwiftkError(f"token id {bad[0]!r} is not an int in [0, {self.config.vocab_size})")
         if len(ids) > self.max_context:
             raise SwiftkError(f"{len(ids)} tokens exceed the context ({self.max_context})")
-        dev = self.device
-        T = len(ids)
         with self._own():
-            self.cache.reset()
-            return self.model.forward(torch.tensor(ids, device=dev), torch.arange(T, device=dev),
-                                      torch.arange(T, device=dev), self.cache)
+            return full_logits(self.model, self.cache, ids)
 
     def info(self) -> dict:
         c, o = self.config, self.state.optimizer

@@ -11,7 +11,7 @@ import torch
 import swiftk
 import swiftk.decoding.loop as decode_mod
 import swiftk.proposers.layerskip.draft as layerskip_mod
-from swiftk.runtime.config import DecodeConfig, OptimizerConfig
+from swiftk.options import DecodeConfig, OptimizerConfig
 from swiftk.decoding.costs import CostModel
 from swiftk.errors import SwiftkError
 

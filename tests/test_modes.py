@@ -10,7 +10,7 @@ from swiftk.runtime.ops import cpu_linear
 from swiftk.cli import main as cli_main
 from swiftk.proposers.draft_loop import draft
 from swiftk.errors import SwiftkError
-from swiftk.runtime.config import DecodeConfig
+from swiftk.options import DecodeConfig
 from swiftk.decoding.costs import Gate
 from swiftk.decoding.sampler import Sampler, SamplingParams
 from swiftk.runtime.skipset import kvq_boundary

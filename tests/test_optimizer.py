@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import swiftk.proposers.layerskip.search as opt_mod
-from swiftk.runtime.config import OptimizerConfig
+from swiftk.options import OptimizerConfig
 from swiftk.proposers.layerskip.search import SkipSetOptimizer
 from swiftk.runtime.skipset import eligible
 

@@ -46,7 +46,7 @@ def test_outputs_are_greedy_with_the_targets_top_k(setup):
 def test_an_oracle_fills_every_pass_and_nothing_is_accepted_past_the_output(setup):
     eng, rows, costs = setup
     for budget in (2, 4, 8):
-        r = R.replay(R.External(Oracle(rows), budget), rows, costs, budget)
+        r = R.replay(eng, R.External(Oracle(rows), budget), rows, costs, budget)
         assert r["plain"] == 0 and r["tokens"] == sum(len(x["out"]) - 1 for x in rows)
         full = sum((len(x["out"]) - 1) // budget for x in rows)        # passes that could use the whole budget
         assert r["accepted"] + r["passes"] >= r["tokens"] and r["passes"] <= full + len(rows)
@@ -60,13 +60,13 @@ def test_a_drafter_that_proposes_nothing_replays_as_plain_steps(setup):
         def propose(self, tokens, budget):
             return []
 
-    r = R.replay(R.External(Nothing(rows), 8), rows, costs, 8)
+    r = R.replay(eng, R.External(Nothing(rows), 8), rows, costs, 8)
     assert r["passes"] == 0 and r["plain"] == r["tokens"] and r["predicted_speedup"] <= 1.0
 
 
 def test_our_sources_learn_from_the_replay(setup):
     eng, rows, costs = setup
     d = R.Ours(eng, {})
-    r = R.replay(d, rows * 2, costs)   # the second copy of each output can be drafted from history
+    r = R.replay(eng, d, rows * 2, costs)   # the second copy of each output can be drafted from history
     assert r["passes"] > 0 and r["accepted"] > 0
     assert "history" in d.state.estimates and (d.state.successors(eng.config.vocab_size).table >= 0).any()

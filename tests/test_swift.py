@@ -174,7 +174,7 @@ def test_kv_cache_is_never_copied(eng):
     # the reduced-vocabulary draft head is a buffer of the engine, allocated once (like the weights) and filled
     # in place per call: build it first and allow its storage
     eng.generate("x = 1", max_new_tokens=4, speculate="always")
-    from swiftk.runtime.config import DecodeConfig
+    from swiftk.options import DecodeConfig
 
     allowed.add(eng.draft_head(DecodeConfig().draft_vocab)._w.untyped_storage().data_ptr())
     mode = _BigAllocations(cache.data.untyped_storage().nbytes() // 8, allowed)

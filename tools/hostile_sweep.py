@@ -863,7 +863,7 @@ def api_cases() -> list:
                 continue
             add(f"generate:{arg}={wn}", f"res = vs_ar(E(), **{{{arg!r}: {wv}}}{extra})")
     # decode / optimizer options from the option metadata
-    from swiftk.runtime.config import DecodeConfig, OptimizerConfig
+    from swiftk.options import DecodeConfig, OptimizerConfig
     from dataclasses import fields
 
     for f in fields(DecodeConfig):

@@ -1,5 +1,6 @@
-"""The plain target passes every method shares: prefill, one autoregressive step, and plain autoregressive
-decoding (the reference method). The speculative round's verify pass is loop.py's."""
+"""The plain target passes every method shares: prefill, one autoregressive step, plain autoregressive decoding
+(the reference method) and a whole sequence's logits (reference checks). The speculative round's verify pass is
+loop.py's; with these, the only target passes in the package."""
 from __future__ import annotations
 
 import time
@@ -19,6 +20,14 @@ def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
                            logits_idx=torch.tensor([P - 1], device=dev))
     cache.advance(P)
     return sampler.pick(logits[0], P)
+
+
+def full_logits(model, cache, ids: list) -> torch.Tensor:
+    """Logits [T, vocab] for every position of ``ids`` (the cache is reset, then holds their KV)."""
+    dev, T = model.device, len(ids)
+    cache.reset()
+    ar = torch.arange(T, device=dev)
+    return model.forward(torch.tensor(ids, device=dev), ar, ar, cache)
 
 
 def plain_step(model, cache, token: int, sampler: Sampler) -> int:

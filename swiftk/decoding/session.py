@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from .costs import CostModel, Gate
+from ..proposers.base import DraftContext
 from .output import DecodeStats, Timer, TokenSink
 from .passes import prefill, step_logits
 from .sampler import Sampler
@@ -36,6 +37,19 @@ class Session:
     def measured(self) -> bool:
         """The cost model has timed a plain step (an engine's first round is one): drafts can be priced."""
         return self.costs.step is not None
+
+    def draft_context(self) -> DraftContext:
+        """The round's view for a model drafter."""
+        return DraftContext(self.model, self.cache, self.tokens, self.sampler, self.gate, self.cfg.max_draft,
+                            self.max_nodes - 1, self.bins, self.rejection, len(self.tokens) - self.prompt_len,
+                            time.perf_counter() - self.t_start)
+
+    def searched(self, t0: float, found) -> None:
+        """A skip-set search step ran since ``t0``; ``found``: (tokens seen, matchness, where the candidate came
+        from), kept in the trace."""
+        self.timer.add("optimize", t0)
+        if self.cfg.trace:
+            self.stats.matchness_history.append(found)
 
     def start(self) -> None:
         """Prefill the prompt; the first new token becomes the pending root."""

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 
 from ..atomic import write_json_atomic
-from ..runtime.config import OptimizerConfig
+from ..options import OptimizerConfig
 from ..errors import SwiftkError, warn
 from ..files import read_json
 from ..home import swiftk_home

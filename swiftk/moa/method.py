@@ -70,10 +70,10 @@ class MoADraft(ModelDrafter):
     def observe_cost(self, seconds_per_step: float) -> None:
         self.runner.step_s = ema(self.runner.step_s, seconds_per_step)   # kept with the drafter (engine lifetime)
 
-    def propose(self, s) -> list:
-        if not s.gate.should_draft():
+    def propose(self, dc) -> list:
+        if not dc.gate.should_draft():
             return []
-        head = self._head(s)
-        return moa_draft(s.model, s.cache, self.runner, s.tokens[:-1], s.tokens[-1], s.sampler, s.gate,
-                         self.calibrate, self.step_cost(), max_draft=s.cfg.max_draft, max_spine=s.max_nodes - 1,
-                         topk_bins=s.bins, head=None if head is None else head.logits_full, rejection=s.rejection)
+        head = self._head(dc.tokens)
+        return moa_draft(dc.model, dc.cache, self.runner, dc.tokens[:-1], dc.tokens[-1], dc.sampler, dc.gate,
+                         self.calibrate, self.step_cost(), max_draft=dc.max_draft, max_spine=dc.max_spine,
+                         topk_bins=dc.bins, head=None if head is None else head.logits_full, rejection=dc.rejection)

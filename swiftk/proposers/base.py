@@ -65,6 +65,26 @@ class Context:
     floor: float
 
 
+@dataclass
+class DraftContext:
+    """What a model drafter (layer skip, MoA) sees each round, instead of the call's whole Session: the target and
+    its KV cache (draft steps write scratch KV past the committed prefix; ``cache.length`` is that prefix), the
+    sequence so far (read only; the last token is the pending root), the sampler and the gate, the round's limits,
+    and for the skip-set search how far the call has come."""
+
+    model: object
+    cache: object
+    tokens: list
+    sampler: object
+    gate: object
+    max_draft: int      # draft steps at most
+    max_spine: int      # nodes the tree may still take after its root
+    bins: tuple         # candidates per depth by the draft's top-1 probability
+    rejection: bool     # tree rejection sampling: keep the draft's distributions
+    decoded: int        # tokens emitted so far in this call
+    elapsed: float      # seconds since the call started
+
+
 class Estimates:
     """Acceptance chance per key, as (hits, tries) with exponential forgetting, starting from ``prior`` counted as
     ``weight`` observations. Free sources forget fast (``decay`` 0.9: whether text repeats changes within a

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import methods
-from ..runtime.config import updated
+from ..options import updated
 from ..engine import split_options
 from ..errors import SwiftkError
 from ..decoding.output import check_lengths

@@ -30,8 +30,10 @@ class ModelDrafter:
     def __init__(self, state, head):
         self.state, self.head, self.head_seen = state, head, 0
 
-    def optimize(self, s) -> str:
-        return "accelerate"
+    def optimize(self, dc) -> tuple:
+        """A search step where the drafter has one: (the round's phase, None or what the step found for the
+        trace: tokens seen, matchness, the candidate's source)."""
+        return "accelerate", None
 
     def calibrate(self, p: float) -> float:
         return self.state.calibration.prob(calibration_bin(p))
@@ -42,11 +44,11 @@ class ModelDrafter:
     def finish(self, stats) -> None:
         stats.skip_set = None
 
-    def _head(self, s):
+    def _head(self, tokens: list):
         """The draft head (or None), its vocabulary topped up with the committed tokens."""
         if self.head is not None:
-            self.head.add(s.tokens[self.head_seen:-1])
-            self.head_seen = len(s.tokens) - 1
+            self.head.add(tokens[self.head_seen:-1])
+            self.head_seen = len(tokens) - 1
         return self.head
 
 
@@ -80,33 +82,29 @@ class LayerSkipDraft(ModelDrafter):
     def observe_cost(self, seconds_per_step: float) -> None:
         self.costs.observe_draft(self._set.kept, seconds_per_step)
 
-    def optimize(self, s) -> str:
-        """One search step when its budget allows; returns the round's phase."""
+    def optimize(self, dc) -> tuple:
+        """One search step when its budget allows: (the round's phase, what it found or None)."""
         opt, st = self.opt, self.state
-        if opt is None or opt.done or s.gate.auto and not self._can_pay():
-            return "accelerate"
+        if opt is None or opt.done or dc.gate.auto and not self._can_pay():
+            return "accelerate", None
         W, t = st.cfg.context_window, time.perf_counter()
         cost = self.costs.opt or self.costs.v(W)   # of one search step: within budget of the time decoded so far
-        if len(s.tokens) - s.prompt_len < W + 1 or \
-                st.time_optimize_s + cost > self._budget() * (st.time_decode_s + t - s.t_start):
-            return "context"
-        m, src, passes = self._search_step(s, s.tokens[-W - 1:-1])
-        if s.cfg.trace:
-            s.stats.matchness_history.append((st.tokens_seen + len(s.tokens) - s.prompt_len, m, src))
+        if dc.decoded < W + 1 or st.time_optimize_s + cost > self._budget() * (st.time_decode_s + dc.elapsed):
+            return "context", None
+        m, src, passes = self._search_step(dc, dc.tokens[-W - 1:-1])
         dt = time.perf_counter() - t
         st.time_optimize_s += dt
         self.costs.observe_opt(dt / passes)
-        s.timer.add("optimize", t)
-        return "optimize"
+        return "optimize", (st.tokens_seen + dc.decoded, m, src)
 
-    def propose(self, s) -> list:
+    def propose(self, dc) -> list:
         """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
-        sk = self.skip(s.model.device)
-        if not (self._may_pay(sk, s.gate) and s.gate.should_draft()):
+        sk = self.skip(dc.model.device)
+        if not (self._may_pay(sk, dc.gate) and dc.gate.should_draft()):
             return []
-        return draft(s.model, s.cache, s.tokens[-1], sk, s.sampler, s.gate, self.calibrate, self.step_cost(),
-                     max_draft=s.cfg.max_draft, max_spine=s.max_nodes - 1, topk_bins=s.bins,
-                     boundary=self.boundary, head=_logits_of(self._head(s)), rejection=s.rejection)
+        return draft(dc.model, dc.cache, dc.tokens[-1], sk, dc.sampler, dc.gate, self.calibrate, self.step_cost(),
+                     max_draft=dc.max_draft, max_spine=dc.max_spine, topk_bins=dc.bins,
+                     boundary=self.boundary, head=_logits_of(self._head(dc.tokens)), rejection=dc.rejection)
 
     def finish(self, stats) -> None:
         stats.skip_set = to_layers(self.fixed if self.fixed is not None else self.state.skip_set)
@@ -117,10 +115,10 @@ class LayerSkipDraft(ModelDrafter):
             stats.bo_errors = list(o.bo_errors)
 
     # ---- inside
-    def _search_step(self, s, window: list) -> tuple:
+    def _search_step(self, dc, window: list) -> tuple:
         """Score one candidate skip set on the window (and the incumbent, when a challenger is being re-scored).
         Returns (matchness, source, passes run)."""
-        opt, dev, pending, head = self.opt, s.model.device, s.tokens[-1], self._head(s)
+        opt, dev, pending, head = self.opt, dc.model.device, dc.tokens[-1], self._head(dc.tokens)
         hb = None if self.head is None else self.head.weight_bytes
 
         def score(m, mask):
@@ -128,7 +126,7 @@ class LayerSkipDraft(ModelDrafter):
                 if self.state.cfg.objective == "speed" else m
 
         def match(mask):
-            return matchness(s.model, s.cache, window, pending, mask.to(dev), head)
+            return matchness(dc.model, dc.cache, window, pending, mask.to(dev), head)
 
         passes = 1
         if opt.best_score < 0:

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ...runtime.config import OptimizerConfig
+from ...options import OptimizerConfig
 from ...errors import SwiftkError
 from ...runtime.skipset import eligible
 
