@@ -66,11 +66,6 @@ static inline vec vexp(vec x) {
   __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
 }
-static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-static inline vec vset1(float a) { return _mm512_set1_ps(a); }
-static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 #else
 static inline vec vexp(vec x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -87,17 +82,12 @@ static inline vec vexp(vec x) {
   __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
-static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-static inline vec vset1(float a) { return _mm256_set1_ps(a); }
-static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 #endif
 
 // exp of p[0, n) in place; p has room for n rounded up to the vector width (padding is overwritten), so every
 // element goes through the same vector code whatever n is.
 void exp_inplace(float* p, int64_t n) {
-  for (int64_t i = 0; i < n; i += SWK_W) vstore(p + i, vexp(ld_x(p + i)));
+  for (int64_t i = 0; i < n; i += SWK_W) vst(p + i, vexp(vld(p + i)));
 }
 
 // Sum of a[i] * b[i] over [0, n): vector lanes in a fixed order then the fixed lane reduction (n % SWK_W tail
@@ -105,7 +95,7 @@ void exp_inplace(float* p, int64_t n) {
 float dot(const float* a, const float* b, int64_t n) {
   vec acc = vzero();
   int64_t i = 0;
-  for (; i + SWK_W <= n; i += SWK_W) acc = vfma(ld_x(a + i), ld_x(b + i), acc);
+  for (; i + SWK_W <= n; i += SWK_W) acc = vfma(vld(a + i), vld(b + i), acc);
   float s = vsum(acc);
   for (; i < n; i++) s += a[i] * b[i];
   return s;
@@ -196,9 +186,9 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
 #pragma GCC unroll 16
       for (int j = 0; j < 16; j++) acc[j] = vzero();
       for (int64_t v = 0; v < nv; v++) {
-        const vec qv = ld_x(q + v * SWK_W);
+        const vec qv = vld(q + v * SWK_W);
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, vld(K + (s + j) * hd + v * SWK_W), acc[j]);
       }
       vec in[16];
 #pragma GCC unroll 16
@@ -220,9 +210,9 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
 #pragma GCC unroll 8
       for (int j = 0; j < 8; j++) acc[j] = vzero();
       for (int64_t v = 0; v < nv; v++) {
-        const vec qv = ld_x(q + v * SWK_W);
+        const vec qv = vld(q + v * SWK_W);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, ld_x(K + (s + j) * hd + v * SWK_W), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, vld(K + (s + j) * hd + v * SWK_W), acc[j]);
       }
       alignas(32) float sc[8];
       _mm256_store_ps(sc, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
@@ -252,10 +242,10 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
       den += e;
       const vec ev = vset1(e);
       const float* vr = V + s * hd;
-      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, ld_x(vr + v * SWK_W), o[v]);
+      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, vld(vr + v * SWK_W), o[v]);
     }
     const vec inv = vset1(1.0f / den);
-    for (int64_t v = 0; v < nv; v++) vstore(out + v * SWK_W, vmul(o[v], inv));
+    for (int64_t v = 0; v < nv; v++) vst(out + v * SWK_W, vmul(o[v], inv));
     return;
   }
   for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
@@ -344,9 +334,9 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
         float* a = act.data() + t * I;
         int64_t i = 0;
         for (; i + SWK_W <= I; i += SWK_W) {
-          const vec gv = ld_x(g + i);
+          const vec gv = vld(g + i);
           const vec e = vexp(vmul(gv, vset1(-1.0f)));
-          vstore(a + i, vmul(vdiv(gv, vadd(vset1(1.0f), e)), ld_x(g + I + i)));
+          vst(a + i, vmul(vdiv(gv, vadd(vset1(1.0f), e)), vld(g + I + i)));
         }
         for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[I + i];
       }

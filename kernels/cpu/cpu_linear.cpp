@@ -13,18 +13,18 @@
 //
 // AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time (swiftk/runtime/ops/cpu_ops.py builds this file at first
 // use with the host's flags); threads: OpenMP, which in a torch process is torch's own libgomp.
-#include <immintrin.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define SWK_W 16
-typedef __m512 vec;
-static inline vec vzero() { return _mm512_setzero_ps(); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
-static inline vec ld_x(const float* p) { return _mm512_loadu_ps(p); }
-static inline vec ld_x_tail(const float* p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+#include "cpu_simd.h"
+
+#if SWK_ISA == 0
+#error "swiftk cpu_linear needs AVX2+FMA or AVX-512 (F/BW/VL)"
+#endif
+
+// Weights as float vectors: float32 (0), bfloat16 (1), int8 (2); ld_w_tail for the last n < SWK_W of a row.
 template <int WT> static inline vec ld_w(const void* p);
+template <int WT> static inline vec ld_w_tail(const void* p, int n);
+#if SWK_ISA == 512
 template <> inline vec ld_w<0>(const void* p) { return _mm512_loadu_ps((const float*)p); }
 template <> inline vec ld_w<1>(const void* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -32,7 +32,6 @@ template <> inline vec ld_w<1>(const void* p) {
 template <> inline vec ld_w<2>(const void* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
-template <int WT> static inline vec ld_w_tail(const void* p, int n);
 template <> inline vec ld_w_tail<0>(const void* p, int n) {
   return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
 }
@@ -44,23 +43,7 @@ template <> inline vec ld_w_tail<2>(const void* p, int n) {
   __m128i b = _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p);
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-#define SWK_W 8
-typedef __m256 vec;
-static inline vec vzero() { return _mm256_setzero_ps(); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vsum(vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-static inline vec ld_x(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256i tail_mask(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-static inline vec ld_x_tail(const float* p, int n) { return _mm256_maskload_ps(p, tail_mask(n)); }
-template <int WT> static inline vec ld_w(const void* p);
+#else
 template <> inline vec ld_w<0>(const void* p) { return _mm256_loadu_ps((const float*)p); }
 template <> inline vec ld_w<1>(const void* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
@@ -75,8 +58,6 @@ template <int WT> static inline vec ld_w_tail(const void* p, int n) {
   for (int i = 0; i < n * es; i++) buf[i] = ((const unsigned char*)p)[i];
   return ld_w<WT>(buf);
 }
-#else
-#error "swiftk cpu_linear needs AVX2+FMA or AVX-512 (F/BW/VL)"
 #endif
 
 namespace {
@@ -155,7 +136,7 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
   for (int64_t k = 0; k < Kv; k += SWK_W) {
     vec xv[M_];
 #pragma GCC unroll 4
-    for (int m = 0; m < M_; m++) xv[m] = ld_x(xr + m * K + k);
+    for (int m = 0; m < M_; m++) xv[m] = vld(xr + m * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
       if (pf[r]) _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T1);
@@ -167,7 +148,7 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
   if (Kv < K) {
     const int n = (int)(K - Kv);
     vec xv[M_];
-    for (int m = 0; m < M_; m++) xv[m] = ld_x_tail(xr + m * K + Kv, n);
+    for (int m = 0; m < M_; m++) xv[m] = vld_tail(xr + m * K + Kv, n);
     for (int r = 0; r < R; r++) {
       vec wv = ld_w_tail<WT>(wr + (r * K + Kv) * esize<WT>(), n);
       for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);

@@ -20,65 +20,17 @@
 #include <vector>
 
 #include "cpu_gguf.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define SWQ_ISA 512
-#elif defined(__AVX2__) && defined(__FMA__)
-#define SWQ_ISA 256
-#else
-#define SWQ_ISA 0
-#endif
-
-#if SWQ_ISA
-#include <immintrin.h>
-#endif
+#include "cpu_simd.h"
 
 namespace {
 
 using namespace swk_gguf;
 
-// ---- float vectors ---------------------------------------------------------------------------------------------
-#if SWQ_ISA == 512
-constexpr int W = 16;
-typedef __m512 vec;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vld(const float* p) { return _mm512_loadu_ps(p); }
-inline void vst(float* p, vec v) { _mm512_storeu_ps(p, v); }
-inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
-#elif SWQ_ISA == 256
-constexpr int W = 8;
-typedef __m256 vec;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vld(const float* p) { return _mm256_loadu_ps(p); }
-inline void vst(float* p, vec v) { _mm256_storeu_ps(p, v); }
-inline float vsum(vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#else
-constexpr int W = 8;
-struct vec { float v[8]; };
-inline vec vzero() { return vec{}; }
-inline vec vfma(vec a, vec b, vec c) {
-  for (int i = 0; i < 8; i++) c.v[i] += a.v[i] * b.v[i];
-  return c;
-}
-inline vec vld(const float* p) { vec r; memcpy(r.v, p, sizeof r.v); return r; }
-inline void vst(float* p, vec v) { memcpy(p, v.v, sizeof v.v); }
-inline float vsum(vec v) {
-  float s = 0.0f;
-  for (int i = 0; i < 8; i++) s += v.v[i];
-  return s;
-}
-#endif
+constexpr int W = SWK_W;  // floats per vector (cpu_simd.h)
 constexpr int NV = 32 / W;  // vectors per 32-element chunk
 
 // ---- 16-byte integer primitives the block decoders are written in --------------------------------------------
-#if SWQ_ISA
+#if SWK_ISA
 typedef __m128i b16;
 inline b16 ld16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
 inline b16 nib(b16 v, int hi) { return _mm_and_si128(hi ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F)); }
@@ -86,7 +38,7 @@ inline b16 bor(b16 a, b16 b) { return _mm_or_si128(a, b); }
 inline b16 bsub(b16 a, int k) { return _mm_sub_epi8(a, _mm_set1_epi8((char)k)); }
 // byte j = 0x10 where bit j of `bits` (16 bits) is set: Q5_0's fifth bit
 inline b16 bit16(uint32_t bits) {
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
   return _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(0x10));
 #else
   const b16 sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
@@ -138,14 +90,14 @@ inline b16 two_at(b16 a, int s) {
 // swk_q_dequant bit-exact and makes the matmul's weights exactly the dequantized ones.
 template <bool MIN>
 inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec (&out)[NV]) {
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
   out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_set1_ps(a0));
   out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_set1_ps(a1));
   if (MIN) {
     out[0] = _mm512_sub_ps(out[0], _mm512_set1_ps(b0));
     out[1] = _mm512_sub_ps(out[1], _mm512_set1_ps(b1));
   }
-#elif SWQ_ISA == 256
+#elif SWK_ISA == 256
   const b16 q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
   for (int i = 0; i < 4; i++) {
     out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[i])), _mm256_set1_ps(i < 2 ? a0 : a1));
@@ -167,7 +119,7 @@ inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec 
 inline void k_scales(const uint8_t* blk, float (&a)[8], float (&b)[8]) {
   const float d = h2f(blk), dmin = h2f(blk + 2);
   const uint8_t* s = blk + 4;
-#if SWQ_ISA
+#if SWK_ISA
   // the same bit fields four bytes per 32-bit op, then one 8-wide convert and multiply (runs once per 256 weights)
   uint32_t u0, u1, u2;
   memcpy(&u0, s, 4);
@@ -192,7 +144,7 @@ inline void k_scales(const uint8_t* blk, float (&a)[8], float (&b)[8]) {
 inline void q6_scales(const uint8_t* blk, float (&a)[16]) {
   const float d = h2f(blk + 208);
   const uint8_t* sc = blk + 192;
-#if SWQ_ISA
+#if SWK_ISA
   const __m128i v = _mm_loadu_si128((const __m128i*)sc);
   const __m256 dv = _mm256_set1_ps(d);
   _mm256_storeu_ps(a, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
@@ -202,7 +154,7 @@ inline void q6_scales(const uint8_t* blk, float (&a)[16]) {
 #endif
 }
 
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
 // AVX-512: a 4-bit quant indexes a 16-float table (vpermps reads only the index's low 4 bits: no masking), a 5-bit
 // one picks between two tables by its fifth bit (a write mask). The table holds a * i (- b) for every i, the very
 // products gguf computes, built once per block or sub-block in place of converting and scaling every element.
@@ -268,7 +220,7 @@ inline void decode_lut(const uint8_t* blk, F&& f) {
 // One block -> f(c, w) for each 32-element chunk c in order, w its NV float vectors.
 template <int T, class F>
 inline void decode(const uint8_t* blk, F&& f) {
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
   if constexpr (kLut<T>) {
     decode_lut<T>(blk, f);
     return;
@@ -330,7 +282,7 @@ inline void decode(const uint8_t* blk, F&& f) {
       const int h = c / 4, u = c % 4;
       const uint8_t* pl = ql + 64 * h + 32 * (u & 1);
       const uint8_t* ph = qh + 32 * h;
-#if SWQ_ISA  // the same byte ops 32 at a time
+#if SWK_ISA  // the same byte ops 32 at a time
       const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(0x0F);
       const __m256i l = _mm256_loadu_si256((const __m256i*)pl), hb = _mm256_loadu_si256((const __m256i*)ph);
       const __m256i q = _mm256_sub_epi8(
@@ -353,7 +305,7 @@ inline void decode(const uint8_t* blk, F&& f) {
 // Larger M: a span of KS elements of R weight rows is decoded once into an L1 buffer, and register tiles of MT rows
 // run over it, their accumulators parked in memory between spans: the decode is still done once per weight.
 // AVX2 has 16 vector registers: tiles there hold 8 accumulators.
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
 constexpr int MR_REG = 4, MT = 4;
 #else
 constexpr int MR_REG = 2, MT = 2;
@@ -460,7 +412,7 @@ void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
   }
 }
 
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
 // ---- Q4_K with its scales factored out (AVX-512) ------------------------------------------------------------------
 // sum_i (a q_i - b) x_i = a sum_i q_i x_i - b sum_i x_i per 32-element chunk: the 4-bit quants become floats with one
 // shift and one table permute, and a and b are applied once per chunk instead of once per weight (fewer vector ops
@@ -594,7 +546,7 @@ void q4k_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t 
 
 template <int T>
 void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
   if constexpr (T == Q4_K) {
     q4k_linear(x, M, K, w, N, y, ldy);
     return;
@@ -611,7 +563,7 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
     over_rows<4>(N, K, [&](int64_t n0) {
       switch (M) {
         case 2: tile_reg<T, 4, 2>(x, K, w, rb, y, ldy, n0); break;
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
         case 3: tile_reg<T, 4, 3>(x, K, w, rb, y, ldy, n0); break;
         case 4: tile_reg<T, 4, 4>(x, K, w, rb, y, ldy, n0); break;
 #endif
@@ -619,7 +571,7 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
       }
     }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
   }
-#if SWQ_ISA == 256
+#if SWK_ISA == 256
   else if (M <= 4) {
     // 3-4 rows: register tiles of 2 weight rows (16 registers: 8 accumulators, a chunk's 4 weight vectors, x)
     over_rows<2>(N, K, [&](int64_t n0) {
@@ -628,7 +580,7 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
     }, [&](int64_t n0) { rows_span<T, 1>(x, M, K, w, rb, y, ldy, n0); });
   }
 #endif
-#if SWQ_ISA == 512
+#if SWK_ISA == 512
   else if (M <= MR_WIDE_MAX) {
     // Verify-sized passes: the M <= 4 register tiles over chunks of 4 activation rows, each row group's blocks
     // decoded again per chunk from L1 (cheaper than parking accumulators in memory as the span path does).
@@ -683,7 +635,7 @@ int swk_q_block_size(int type) { return block_size(type); }
 int swk_q_type_size(int type) { return type_size(type); }
 
 // 512 (AVX-512), 256 (AVX2+FMA) or 0 (portable): the path this build was compiled for.
-int swk_q_isa(void) { return SWQ_ISA; }
+int swk_q_isa(void) { return SWK_ISA; }
 
 // Return codes: 0 done; -1 null pointer or non-positive size; -2 unknown type; -3 n or K not a multiple of the
 // block size. Nothing is written unless 0.

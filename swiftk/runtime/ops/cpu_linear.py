@@ -162,7 +162,7 @@ def open_library(source: str, symbols, includes=(), stem: Optional[str] = None, 
 def _load() -> None:
     global _lib, _why, _fn
     try:
-        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp"),
+        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp", "cpu_simd.h"),
                            stem="cpu_linear")
     except KernelUnavailable as e:
         _why = str(e)

@@ -39,7 +39,8 @@ _why: Optional[str] = None   # reason the kernel is not available, once decided 
 def _load() -> None:
     global _lib, _why
     try:
-        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS, includes=("cpu_gguf.h",), sources=("cpu_qdot.cpp",))
+        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS, includes=("cpu_gguf.h", "cpu_simd.h"),
+                                     sources=("cpu_qdot.cpp",))
     except cpu_linear.KernelUnavailable as e:
         _why = str(e)
         if e.loud:
