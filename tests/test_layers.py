@@ -162,3 +162,32 @@ def test_function_level_imports_say_why():
     bad = [f"{p.relative_to(PKG.parent)}:{n}: {line}"
            for p in sorted(PKG.rglob("*.py")) for n, line in unexplained_lazy_imports(p.read_text())]
     assert not bad, "hoist these to the module's imports, or say why they are deferred:\n" + "\n".join(bad)
+
+
+def test_bench_results_are_cited():
+    """bench/results keeps what the docs cite (and the summaries bench.report reads): every result file's run
+    (its name up to the timestamp) is named in a tracked document or script outside bench/results."""
+    import re
+    import subprocess
+    import sys
+
+    root = PKG.parent
+    sys.path.insert(0, str(root))
+    from bench.report import latest_summaries
+
+    res = root / "bench" / "results"
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        import pytest
+        pytest.skip("not a git checkout")
+    text = "".join((root / p).read_text(errors="ignore") for p in tracked.split()
+                   if p.endswith((".md", ".py", ".txt")) and not p.startswith("bench/results/") and (root / p).is_file())
+
+    def run(name: str) -> str:
+        m = re.match(r"(.*?\d{8}-\d{4,6})", name)
+        return m.group(1) if m else Path(name).stem
+
+    read = {run(p.name) for p, _ in latest_summaries(res)}
+    stray = [p.name for p in res.iterdir() if p.is_file() and run(p.name) not in read and run(p.name) not in text]
+    assert not stray, f"bench/results files no document cites (cite them in docs/ or remove them): {stray}"
