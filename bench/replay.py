@@ -165,10 +165,24 @@ class Ours:
         pass
 
     def sources(self, cfg) -> list:
-        return free_sources(self.eng, self.state, cfg)
+        out = free_sources(self.eng, self.state, cfg)
+        for src in out:
+            if src.learns:
+                src.learn = _recorded_rows_only(src.learn)
+        return out
 
     def end(self, output: list) -> None:
         self.state.history.add(output)
+
+
+def _recorded_rows_only(learn):
+    """A learner's ``learn`` that skips the rows past the recorded output (a draft accepted beyond its end scores
+    all zeros there: the real target was never asked), so Token Recycling stores only real top-k lists."""
+    def wrapped(tokens, logits):
+        known = logits.abs().amax(dim=-1) > 0
+        if bool(known.any()):
+            learn(tokens[known], logits[known])
+    return wrapped
 
 
 class External:
@@ -277,6 +291,8 @@ def main(argv=None) -> int:
     costs = cost_model(eng, table)
     print("cost table (steps):", {k: round(v / table[1], 2) for k, v in table.items()})
     budgets = [0] + [int(b) for b in a.budgets.split(",") if b]
+    if any(not 2 <= b <= 64 for b in budgets[1:]):
+        ap.error("--budgets: each verify budget is a tree of 2..64 nodes (generate's max_tree_nodes)")
     results = {}
     for w, items in prompts.items():
         rows = outputs(eng, items, a.max_new_tokens, cache_dir / "replay" / a.model)

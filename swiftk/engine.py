@@ -220,7 +220,7 @@ class Engine(EngineCorpus):
         or a bool tensor [2L]. ``state``: the learned state to use and update (default: the engine's, per
         method). ``proposers``: your own draft sources, objects with ``propose(tokens) -> list[int]``, priced and
         gated like the built-in free drafts; ``callback(piece)`` gets the text as it comes (an exception it raises
-        ends the call and propagates unchanged). ``options``: decode options (config.DecodeConfig) for this call.
+        ends the call and propagates unchanged). ``options``: decode options (options.DecodeConfig) for this call.
         Seeded sampling gives the same tokens for the same (model, dtype, device, prompt, sampling options, seed)
         whatever the method or learned state (coupled sampling).
         """

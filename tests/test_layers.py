@@ -164,30 +164,33 @@ def test_function_level_imports_say_why():
     assert not bad, "hoist these to the module's imports, or say why they are deferred:\n" + "\n".join(bad)
 
 
-def test_bench_results_are_cited():
-    """bench/results keeps what the docs cite (and the summaries bench.report reads): every result file's run
-    (its name up to the timestamp) is named in a tracked document or script outside bench/results."""
+def test_bench_results_are_cited(monkeypatch):
+    """bench/results keeps what the docs cite (and the summaries bench.report reads): every tracked result file's
+    run is named in a tracked document or script outside bench/results, by its timestamp (YYYYMMDD-HHMMSS) or, as
+    docs/performance.md often shortens it, by its time of day (-HHMMSS)."""
     import re
     import subprocess
-    import sys
 
     root = PKG.parent
-    sys.path.insert(0, str(root))
+    monkeypatch.syspath_prepend(str(root))
     from bench.report import latest_summaries
 
-    res = root / "bench" / "results"
     try:
-        tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True,
+                                 check=True).stdout.split("\0")
     except (OSError, subprocess.CalledProcessError):
         import pytest
         pytest.skip("not a git checkout")
-    text = "".join((root / p).read_text(errors="ignore") for p in tracked.split()
+    results = [p for p in tracked if p.startswith("bench/results/")]
+    text = "".join((root / p).read_text(errors="ignore") for p in tracked
                    if p.endswith((".md", ".py", ".txt")) and not p.startswith("bench/results/") and (root / p).is_file())
+    read = {p.name for p, _ in latest_summaries(root / "bench" / "results")}
 
-    def run(name: str) -> str:
-        m = re.match(r"(.*?\d{8}-\d{4,6})", name)
-        return m.group(1) if m else Path(name).stem
+    def cited(name: str) -> bool:
+        m = re.search(r"(\d{8})-(\d{4,6})", name)
+        if m is None:
+            return Path(name).stem in text
+        return m.group(0) in text or re.search(rf"-{m.group(2)}\b", text) is not None
 
-    read = {run(p.name) for p, _ in latest_summaries(res)}
-    stray = [p.name for p in res.iterdir() if p.is_file() and run(p.name) not in read and run(p.name) not in text]
+    stray = [p for p in results if Path(p).name not in read and not cited(Path(p).name)]
     assert not stray, f"bench/results files no document cites (cite them in docs/ or remove them): {stray}"

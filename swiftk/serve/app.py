@@ -115,7 +115,7 @@ class Server:
 
     ``history_scope``: "server" shares the engine's learned state (and the session history it drafts from)
     across all requests; "key" keeps one learned state per API key, so no client's output drafts (and speeds up)
-    another key's responses. ``options``: decode options applied to every request (config.DecodeConfig).
+    another key's responses. ``options``: decode options applied to every request (options.DecodeConfig).
     """
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
