@@ -741,6 +741,19 @@ struct XP {
   std::vector<float> d, ds;         // [P, K / 32, 2]
 };
 
+// The pairs from p0 on, as pointers: the loops index pairs by their unrolled position (a constant), not p0 + m.
+struct XV {
+  const int32_t *q, *s, *s16;
+  const float *d, *ds;
+  int64_t K;
+};
+inline XV pairs_from(const XP& Y, int64_t p0) {
+  const int64_t o = p0 * (Y.K / 32) * 2;
+  return {Y.q.data() + p0 * (Y.K / 4) * 2, Y.s.data() + o, Y.s16.data() + o, Y.d.data() + o, Y.ds.data() + o, Y.K};
+}
+inline const int32_t* qdata(const XP& Y) { return Y.q.data(); }
+inline const int32_t* qdata(const XV& Y) { return Y.q; }
+
 void pair_rows(const QX& X, XP& Y) {
   const int64_t M = X.M, K = X.K, P = (M + 1) / 2, nq = K / 4, nb = K / 32;
   Y.P = P, Y.K = K;
@@ -776,8 +789,8 @@ inline ZW zweights(const Span& S, int j) {
 }
 
 // epilogue<T> for a pair p, activation block a: the same float ops per lane
-template <int T>
-inline zf epilogue2(const ZW& z, const XP& Y, int64_t p, int64_t a, zv isum, zf acc) {
+template <int T, class V>
+inline zf epilogue2(const ZW& z, const V& Y, int64_t p, int64_t a, zv isum, zf acc) {
   const int64_t i = (p * (Y.K / 32) + a) * 2;
   const zf xd = _mm512_castsi512_ps(bc8(&Y.d[i]));
   if constexpr (Fmt<T>::BS == 32) {
@@ -796,9 +809,9 @@ inline zf epilogue2(const ZW& z, const XP& Y, int64_t p, int64_t a, zv isum, zf 
   return acc;
 }
 
-// direct<T> for the MP (3..8) pairs of the pass (2 MP - 1 or 2 MP activation rows) against one group's blocks.
-template <int T, int MP>
-inline void direct2(const uint8_t* p, int nb, const XP& Y, Span& S, zf (&acc)[MP]) {
+// direct<T> for MP (1..8) pairs of the pass, from Y on, against one group's blocks.
+template <int T, int MP, class V>
+inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]) {
   constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
   const int64_t nq = Y.K / 4;
   const zv zero = _mm512_setzero_si512();
@@ -808,7 +821,7 @@ inline void direct2(const uint8_t* p, int nb, const XP& Y, Span& S, zf (&acc)[MP
     const int32_t* x[MP];
     zv isum[MP], part[MP];
     for (int m = 0; m < MP; m++) {
-      x[m] = Y.q.data() + (m * nq + Fmt<T>::BS / 4 * bi) * 2;
+      x[m] = qdata(Y) + (m * nq + Fmt<T>::BS / 4 * bi) * 2;
       isum[m] = part[m] = zero;
     }
     unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
@@ -834,21 +847,44 @@ inline void direct2(const uint8_t* p, int nb, const XP& Y, Span& S, zf (&acc)[MP
   }
 }
 
-// the pass's M rows against the group of output columns n0 .. n0 + 7, into y
+// pairs p0 .. p0 + MP - 1 of the pass's M rows against the group of output columns n0 .. n0 + 7, into y
 template <int T, int MP>
-void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M, int64_t n0, int64_t N, float* y,
-                  int64_t ldy) {
+void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span& S, int64_t M, int64_t n0, int64_t N,
+                  float* y, int64_t ldy) {
   zf acc[MP];
   for (int m = 0; m < MP; m++) acc[m] = _mm512_setzero_ps();
-  direct2<T, MP>(p, (int)nblk, Y, S, acc);
+  // the first 8 pairs indexed on XP itself: through the pointer view a pass of 16 rows ran ~5% slower
+  if (p0 == 0) direct2<T, MP>(p, (int)nblk, Y, S, acc);
+  else direct2<T, MP>(p, (int)nblk, pairs_from(Y, p0), S, acc);
   alignas(64) float out[16];
   for (int m = 0; m < MP; m++) {
     _mm512_store_ps(out, acc[m]);
-    for (int h = 0; h < 2 && 2 * m + h < M; h++)
-      for (int r = 0; r < 8 && n0 + r < N; r++) y[(2 * m + h) * ldy + n0 + r] = out[2 * r + h];
+    const int64_t row = 2 * (p0 + m);
+    for (int h = 0; h < 2 && row + h < M; h++)
+      for (int r = 0; r < 8 && n0 + r < N; r++) y[(row + h) * ldy + n0 + r] = out[2 * r + h];
+  }
+}
+
+// More than 8 pairs (17 rows or more: long trees, prefill) against one group, 8 pairs per unpacking, the group's
+// blocks from L1 after the first: 1.2-1.5x the 256-bit tiles at 17-512 rows (bench.qdot_ab).
+template <int T>
+void pairs_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M, int64_t n0, int64_t N, float* y,
+                int64_t ldy) {
+  for (int64_t p0 = 0; p0 < Y.P; p0 += 8) {
+    switch (Y.P - p0 < 8 ? Y.P - p0 : 8) {
+      case 1: direct2_rows<T, 1>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 2: direct2_rows<T, 2>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 3: direct2_rows<T, 3>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 4: direct2_rows<T, 4>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 5: direct2_rows<T, 5>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 6: direct2_rows<T, 6>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      case 7: direct2_rows<T, 7>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+      default: direct2_rows<T, 8>(p, nblk, Y, p0, S, M, n0, N, y, ldy); break;
+    }
   }
 }
 #endif
+
 
 // w: packed (swk_qi_repack). Tiles of 2 groups of 8 rows over the OpenMP threads; a last group of fewer rows is
 // packed here, its missing rows copies of its last one.
@@ -872,25 +908,27 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
   const uint8_t* tailp = tail.data();
   auto group = [&](int64_t g) { return g < full ? w + 8 * g * rb : tailp; };
 #if SWI_V512
-  // a small pass, every format: up to 8 pairs of rows per unpacking (K formats too: 1.2-1.4x the tiles at 8-16
-  // rows, bench.qdot_ab). M <= 4 stays on one 8-lane unpacking (no faster in 512 bits)
-  if (M >= 5 && M <= 16) {
+  // every pass of 5 rows or more, every format: up to 8 pairs of rows per unpacking of a group (1.2-1.4x the tiles
+  // at 8-16 rows, bench.qdot_ab), longer passes 8 pairs at a time. M <= 4 stays on one 8-lane unpacking (no faster
+  // in 512 bits)
+  if (M >= 5) {
     thread_local XP pairs;
     pair_rows(X, pairs);
     const XP& Y = pairs;   // the caller's (a thread_local named inside the parallel loop is each thread's own)
-    const int64_t P = Y.P;
 #pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
     for (int64_t g = 0; g < ng; g++) {
       Span S;
-      switch (P) {   // 5..16 rows: one unpacking of 3 to 8 pairs
-        case 3: direct2_rows<T, 3>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
-        case 4: direct2_rows<T, 4>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
-        case 5: direct2_rows<T, 5>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
-        case 6: direct2_rows<T, 6>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
-        case 7: direct2_rows<T, 7>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
-        default: direct2_rows<T, 8>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
+      switch (Y.P) {   // 5..16 rows: one unpacking of 3 to 8 pairs (in pairs_rows' loop, 8 rows ran ~4% slower)
+        case 3: direct2_rows<T, 3>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        case 4: direct2_rows<T, 4>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        case 5: direct2_rows<T, 5>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        case 6: direct2_rows<T, 6>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        case 7: direct2_rows<T, 7>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        case 8: direct2_rows<T, 8>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
+        default: pairs_rows<T>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
       }
     }
+    if (pairs.q.size() > (1u << 20)) pairs = XP();   // a prefill's copy is not kept past its call
     return;
   }
 #endif
