@@ -85,6 +85,9 @@ class OptimizerConfig:
                           help="speed: expected tokens/s from matchness and measured draft cost; matchness: paper", advanced=True)
     rescore: int = _opt(3, int, 1, 16, help="windows a challenger is scored on before it replaces the incumbent", advanced=True)
     opt_budget: float = _opt(0.05, float, 0.0, 1.0, help="optimization's largest share of decode wall time")
+    call_budget: float = _opt(0.01, float, 0.0, 1.0, help="speculate='auto': a search step runs only while the call "
+                              "stays within this share of plain decoding's time (it spends what drafts saved first)",
+                              advanced=True)
     bo_mode: str = _opt("thread", str, choices=("thread", "sync"),
                         help="thread: GP suggestions off the decode loop; sync: inline (tests)", advanced=True)
     opt_seed: int = _opt(0, int, 0, 2**63 - 1, advanced=True)

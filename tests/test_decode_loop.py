@@ -167,9 +167,10 @@ def test_skip_set_search_runs_only_where_a_done_search_could_pay(eng):
     out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0), ngram=False, history=False,
                        recycle=False, datastore=False)
     assert out.token_ids == ref and out.stats.optimization_steps == 0 and out.stats.time_optimize_s == 0
-    eng.costs = _Costs(eng.model, verify=1.0, draft=0.05)    # cheap drafts: the search runs
-    out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0), ngram=False, history=False,
-                       recycle=False, datastore=False)
+    eng.costs = _Costs(eng.model, verify=1.0, draft=0.05)    # cheap drafts: the search runs (a call that saved
+    # nothing may spend its whole time on it here: call_budget=1)
+    out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0, call_budget=1.0), ngram=False,
+                       history=False, recycle=False, datastore=False)
     assert out.token_ids == ref and out.stats.optimization_steps > 0
 
 
@@ -415,10 +416,39 @@ def test_no_search_where_even_full_acceptance_cannot_pay(eng, verify, draft, sea
     verify passes it searches as before. The output is the same."""
     ref = ar(eng, n=64)
     eng.costs = _Costs(eng.model, verify=verify, draft=draft)
-    eng.reset_optimizer(context_window=8, opt_budget=1.0)
+    eng.reset_optimizer(context_window=8, opt_budget=1.0, call_budget=1.0)
     out = eng.generate(PROMPT, max_new_tokens=64, ngram=False, history=False, recycle=False, datastore=False)
     assert out.token_ids == ref
     assert (eng.optimizer.steps > 0) == searches, eng.optimizer.steps
+
+
+@pytest.mark.parametrize("auto,call_budget,ahead,runs", [
+    (True, 0.01, 0.0, False),     # the call saved nothing: 1% of its second cannot pay two 10 ms passes
+    (True, 0.01, 0.011, True),    # it saved 11 ms: with the 1% (10 ms) that pays for them
+    (True, 0.01, -0.5, False),    # behind plain decoding already
+    (True, 1.0, -0.5, True),      # call_budget=1: the whole call may go to the search
+    (False, 0.01, -0.5, True),    # speculate="always": only the lifetime budget counts
+])
+def test_a_search_step_spends_what_the_call_saved(monkeypatch, auto, call_budget, ahead, runs):
+    """speculate='auto': a skip-set search step (a lump of matchness passes) runs only while the call stays
+    within ``call_budget`` of plain decoding's time -- it spends what this call's drafts saved (``ahead``) plus
+    that share of the call -- so it never makes a call that gained nothing slower (SmolLM2 on CPU blocks: a 22 ms
+    step inside a 250 ms call, 0.86x autoregressive)."""
+    from types import SimpleNamespace
+
+    from swiftk.decoding.state import LearnedState
+    from swiftk.proposers.base import DraftContext
+
+    st = LearnedState(4, OptimizerConfig(context_window=8, opt_budget=1.0, call_budget=call_budget))
+    costs = SimpleNamespace(opt=0.01, clock=0, observe_opt=lambda dt: None)
+    d = layerskip_mod.LayerSkipDraft(st, costs=costs)
+    monkeypatch.setattr(d, "_can_pay", lambda: True)
+    ran = []
+    monkeypatch.setattr(d, "_search_step", lambda dc, window: ran.append(1) or (0.5, "test", 2))
+    dc = DraftContext(None, None, list(range(40)), None, SimpleNamespace(auto=auto), 4, 8, (), False,
+                      decoded=30, elapsed=1.0, ahead=ahead)
+    phase, found = d.optimize(dc)
+    assert bool(ran) == runs and phase == ("optimize" if runs else "context")
 
 
 def test_search_budget_follows_what_it_has_found():

@@ -31,6 +31,7 @@ class Session:
         self.stats.accepted_by_source = {name: 0 for name in (DRAFT, *source_names)}
         self.stats.max_tree_nodes = self.max_nodes
         self.t_start = time.perf_counter()
+        self.t_decode = self.t_start   # end of the prefill
         self.done = False
 
     @property
@@ -40,9 +41,10 @@ class Session:
 
     def draft_context(self) -> DraftContext:
         """The round's view for a model drafter."""
+        now, decoded = time.perf_counter(), len(self.tokens) - self.prompt_len
+        ahead = (decoded - 1) * (self.costs.step or 0.0) - (now - self.t_decode)   # the first token came with prefill
         return DraftContext(self.model, self.cache, self.tokens, self.sampler, self.gate, self.cfg.max_draft,
-                            self.max_nodes - 1, self.bins, self.rejection, len(self.tokens) - self.prompt_len,
-                            time.perf_counter() - self.t_start)
+                            self.max_nodes - 1, self.bins, self.rejection, decoded, now - self.t_start, ahead)
 
     def searched(self, t0: float, found) -> None:
         """A skip-set search step ran since ``t0``; ``found``: (tokens seen, matchness, where the candidate came
@@ -56,7 +58,7 @@ class Session:
         t = time.perf_counter()
         self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler))
         self.stats.decoding_steps = 1
-        self.timer.add("prefill", t)
+        self.t_decode = self.timer.add("prefill", t)
         self.done = self.sink.push(self.tokens[-1])
 
     def plain_step(self, phase: str):

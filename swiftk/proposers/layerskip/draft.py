@@ -91,6 +91,10 @@ class LayerSkipDraft(ModelDrafter):
         cost = self.costs.opt or self.costs.v(W)   # of one search step: within budget of the time decoded so far
         if dc.decoded < W + 1 or st.time_optimize_s + cost > self._budget() * (st.time_decode_s + dc.elapsed):
             return "context", None
+        # never slower than plain decoding: a step (two passes for the first candidates) spends what this call's
+        # drafts saved plus call_budget of its time, so a lump of search never lands on a call that gained nothing
+        if dc.gate.auto and cost * (2 if opt.best_score < 0 else 1) > dc.ahead + st.cfg.call_budget * dc.elapsed:
+            return "context", None
         m, src, passes = self._search_step(dc, dc.tokens[-W - 1:-1])
         dt = time.perf_counter() - t
         st.time_optimize_s += dt
