@@ -8,7 +8,8 @@ the prefill; "decode only" takes each call's own prefill (its ``stats.time_prefi
 
 Arms: ``swiftk-ar`` (autoregressive), ``swiftk`` (the default ``generate``), ``swiftk-pld`` (prompt lookup
 alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``, ``llamacpp-pld``
-(``LlamaPromptLookupDecoding``, 2 tokens per step: its advice for CPUs). swiftk's speculative arms each keep one learned state per workload
+(``LlamaPromptLookupDecoding``, 2 tokens per step: its advice for CPUs). ``swiftk-ar`` runs on an engine of its own
+(its steps never feed the speculative arms' cost model, nor theirs its caches). swiftk's speculative arms each keep one learned state per workload
 (history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
 fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
 reported, never a losslessness check. Writes bench/results/drafting_<model>_<date>.md and .json.
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
+    eng_ar = swiftk.load(a.model, persist=False, weights=a.weights)   # the reference arm's own engine
     eng.corpus(wait=True)   # every arm drafts from the same sources; no build runs beside a timing
     from swiftk.loading.registry import resolve_model
 
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
                             a.skip_mtbench)
     eos = eng.tokenizer.eos_ids
     warm = next(iter(prompts.values()))[0]["ids"]
-    eng.generate(warm, max_new_tokens=16, method="autoregressive")   # kernels, draft head, corpus tables
+    eng_ar.generate(warm, max_new_tokens=16, method="autoregressive")   # kernels
+    eng.generate(warm, max_new_tokens=16, method="autoregressive")      # kernels, draft head, corpus tables
     eng.generate(warm, max_new_tokens=16, state=eng.new_state())
     for llm in peers.values():
         llamacpp_run(llm, warm, 8, eos)
@@ -88,8 +91,9 @@ def main(argv=None) -> int:
                     continue
                 kw = ({"method": "autoregressive"} if arm == "swiftk-ar" else
                       {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
+                e = eng_ar if arm == "swiftk-ar" else eng
                 t = time.perf_counter()
-                r = eng.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
+                r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
                 row[arm] = {"tokens": r.token_ids, "wall_s": time.perf_counter() - t,
                             "prefill_s": r.stats.time_prefill_s,
                             "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}
