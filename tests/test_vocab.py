@@ -123,3 +123,18 @@ def test_frequent_ids_smollm2(smollm2_tokenizer, tmp_path):
     # Common code and text tokens make the cut.
     for piece in ["Ġself", "Ġreturn", "Ġthe", "Ġand"]:
         assert tok.token_to_id(piece) in set(ids.tolist())
+
+
+def test_the_draft_head_is_built_at_load_not_inside_a_call(tiny_dir, monkeypatch):
+    """The draft head's token ranking (~1 s on a fresh $SWIFTK_HOME) runs when the engine loads: a user's first
+    generate must not wait for it (issue 45's first-call stall)."""
+    import swiftk
+    import swiftk.proposers.draft_head as dh
+
+    calls = []
+    real = dh.frequent_token_ids
+    monkeypatch.setattr(dh, "frequent_token_ids", lambda *a, **k: calls.append(1) or real(*a, **k))
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_vocab=8)
+    assert len(calls) == 1
+    eng.generate("hello", max_new_tokens=4)
+    assert len(calls) == 1
