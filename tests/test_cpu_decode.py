@@ -55,7 +55,10 @@ def _prefix(m, cache, n=11, seed=3):
 
 @pytest.mark.parametrize("arch,over", [("llama", {}), ("qwen2", {}),
                                        ("qwen2", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 80}),
-                                       ("llama", {"hidden_size": 128})])   # head_dim 32: the vector attention path
+                                       ("llama", {"hidden_size": 128}),    # head_dim 32: the vector attention path
+                                       # head_dim 64, 7 query heads per KV head: work items of 4 + 3 heads
+                                       ("llama", {"hidden_size": 448, "num_attention_heads": 7,
+                                                  "num_key_value_heads": 1})])
 @pytest.mark.parametrize("T", [1, 5, 17])
 def test_fused_equals_op_by_op(fused_switch, arch, over, T):
     m = _model(arch, **over)
@@ -81,7 +84,12 @@ def test_fused_equals_op_by_op(fused_switch, arch, over, T):
         torch.testing.assert_close(kv_got, kv_ref, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("over", [{}, {"hidden_size": 128}])   # head_dim 18 (scalar tails) and 32 (vector path)
+# head_dim 18 (scalar tails), 32 (vector path), 64 with 7 / 5 / 2 query heads per KV head (a pass of several
+# tokens takes up to 4 heads per work item, a single step one: the same bits)
+@pytest.mark.parametrize("over", [{}, {"hidden_size": 128},
+                                  {"hidden_size": 448, "num_attention_heads": 7, "num_key_value_heads": 1},
+                                  {"hidden_size": 640, "num_attention_heads": 10, "num_key_value_heads": 2},
+                                  {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}])
 def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over):
     """A chain verified in one pass gives each token the logits it gets decoded alone (the basis of greedy
     speculative output equal to plain decoding, independent of the tree's size)."""

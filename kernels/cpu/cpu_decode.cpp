@@ -12,6 +12,7 @@
 // Batch invariance: every row (token) is computed on its own with a fixed reduction order (norm statistics,
 // attention over the visible slots in slot order, the linear kernel's fixed order), so a token's hidden state in
 // a verify pass equals the one it gets in a one-token step bit for bit, as long as it sees the same keys.
+#include <algorithm>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -172,9 +173,10 @@ void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float
 // out [hd] = softmax(q . K_s * scale over visible s) . V_s for one query head; K, V [S, hd] of its KV head.
 // Scores of 16 keys at a time share one reduction tree (hsum16: each score bitwise the dot() it replaces); the
 // weighted sum of V rows stays in registers. Every step runs in slot order, the same for a token whatever T.
-void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
-                float scale, float* p, float* out) {
-  constexpr int MAXV = 16;   // register path for hd <= 16 vectors
+constexpr int MAXV = 16;   // register path for hd <= 16 vectors
+
+// p[s] = exp(q . K_s * scale - max) over the visible slots s, 0 elsewhere (attend_row's first half)
+void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, int64_t hd, float scale, float* p) {
   const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
   float mx = -INFINITY;
   int64_t s = 0;
@@ -231,7 +233,14 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
   }
   for (s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
   exp_inplace(p, S);
+}
+
+void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
+                float scale, float* p, float* out) {
+  const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
+  head_probs(q, K, vis, S, hd, scale, p);
   float den = 0.0f;
+  int64_t s;
   if (vec_hd) {
     const int64_t nv = hd / SWK_W;
     vec o[MAXV];
@@ -259,6 +268,45 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
   const float inv = 1.0f / den;
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
+
+#if SWK_W == 16
+// attend_row for NH query heads of one KV head and one token (hd = 64): the same ops per head in the same order
+// (so the same bits), their weighted sums of V rows interleaved: each head's chain of FMAs waits on its own
+// latency, so one head per loop left the cores idle (22% of a SmolLM2 verify pass of 8 was attention).
+template <int NH>
+void attend_heads(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, float scale,
+                  float* p, int64_t Sp, float* out) {
+  constexpr int64_t hd = 64, NV = hd / SWK_W;
+  for (int i = 0; i < NH; i++) head_probs(q + i * hd, K, vis, S, hd, scale, p + i * Sp);
+  vec o[NH][NV];
+  float den[NH];
+#pragma GCC unroll 4
+  for (int i = 0; i < NH; i++) {
+    den[i] = 0.0f;
+    for (int v = 0; v < NV; v++) o[i][v] = vzero();
+  }
+  for (int64_t s = 0; s < S; s++) {
+    if (!vis[s]) continue;
+    const float* vr = V + s * hd;
+    vec vv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) vv[v] = vld(vr + v * SWK_W);
+#pragma GCC unroll 4
+    for (int i = 0; i < NH; i++) {
+      const float e = p[i * Sp + s];
+      den[i] += e;
+      const vec ev = vset1(e);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) o[i][v] = vfma(ev, vv[v], o[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NH; i++) {
+    const vec inv = vset1(1.0f / den[i]);
+    for (int v = 0; v < NV; v++) vst(out + i * hd + v * SWK_W, vmul(o[i][v], inv));
+  }
+}
+#endif
 
 }  // namespace
 
@@ -289,9 +337,10 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     if (!any) return -1;
   }
   const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
+  const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
   std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
   const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
-  std::vector<float> probs((size_t)nthreads * Sp);
+  std::vector<float> probs((size_t)nthreads * 4 * Sp);   // up to 4 heads per work item (attend_heads)
   for (int64_t li = 0; li < n_layers; li++) {
     const uint64_t* P = table + li * NPTR;
     const int* wt = wtypes + li * 4;
@@ -313,13 +362,24 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
         }
       }
-      const int64_t work = T * H;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (work * S * hd > 65536)
+      // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
+      // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
+      const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
       for (int64_t j = 0; j < work; j++) {
-        const int64_t t = j / H, hh = j % H, g = hh / G;
-        float* p = probs.data() + (size_t)omp_get_thread_num() * Sp;
-        attend_row(qkv.data() + t * NQKV + hh * hd, kv + g * max_slots * hd, kv + plane + g * max_slots * hd,
-                   vis + t * S, S, hd, scale, p, att.data() + (t * H + hh) * hd);
+        const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
+        const int64_t nh = std::min(per, g * G + G - h0);
+        float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
+        const float* q = qkv.data() + t * NQKV + h0 * hd;
+        const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+        float* out = att.data() + (t * H + h0) * hd;
+#if SWK_W == 16
+        if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+        if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+        if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+#endif
+        for (int64_t i = 0; i < nh; i++)
+          attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
       }
       linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
                  nthreads);
