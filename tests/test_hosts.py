@@ -10,7 +10,8 @@ import torch
 
 import swiftk
 
-OPTS = dict(context_window=4, bayes_interval=2, opt_budget=1.0, rescore=1, max_matchness=1.0, patience=10_000,
+OPTS = dict(context_window=4, bayes_interval=2, opt_budget=1.0, call_budget=1.0, rescore=1, max_matchness=1.0,
+            patience=10_000,
             max_opt_steps=10_000)
 SCRIPT = """
 import swiftk, torch

@@ -188,7 +188,7 @@ def test_the_skip_set_search_and_layer_drafts_run_with_a_reduced_draft_head(eng,
     real = drafter_mod.matchness
     monkeypatch.setattr(swiftk.proposers.layerskip.draft, "matchness",
                         lambda *a, **k: heads.append(a[-1]) or real(*a, **k))
-    eng.reset_optimizer(context_window=4, opt_budget=1.0, bo_mode="sync", max_matchness=1.0)
+    eng.reset_optimizer(context_window=4, opt_budget=1.0, call_budget=1.0, bo_mode="sync", max_matchness=1.0)
     ref = eng.generate(PROMPT, max_new_tokens=48, method="autoregressive").token_ids
     out = eng.generate(PROMPT, max_new_tokens=48, draft_vocab=8, speculate="always", ngram=False)
     assert out.token_ids == ref and out.stats.optimization_steps > 0 and out.stats.drafted_tokens > 0

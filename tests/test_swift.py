@@ -54,7 +54,7 @@ def test_greedy_stream_identical_to_autoregressive(eng):
     # max_matchness=1: the search ends by its step count or patience, not by a lucky window (text the history
     # drafts well is text a skip set drafts well too), so the background GP has time to answer
     eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=80, patience=40, bo_mode="thread",
-                        opt_budget=1.0, max_matchness=1.0)
+                        opt_budget=1.0, call_budget=1.0, max_matchness=1.0)
     phases = set()
     accepted = []
     for i, p in enumerate(prompts):
@@ -73,7 +73,7 @@ def test_greedy_stream_identical_to_autoregressive(eng):
 def test_optimized_skip_set_beats_uniform_on_humaneval(eng):
     """Matchness of the optimized set vs the uniform start, on windows from held-out HumanEval prompts."""
     eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=120, patience=60, bo_mode="sync",
-                        objective="matchness", opt_budget=1.0)
+                        objective="matchness", opt_budget=1.0, call_budget=1.0)
     for p in _humaneval(14)[:4]:   # free drafts off: every round is the search's (fewer rounds, fewer search steps)
         eng.generate(p, max_new_tokens=96, ngram=False, history=False, recycle=False, datastore=False)
     best, uniform = eng.skip_set, eng.optimizer.initial()
@@ -170,7 +170,7 @@ def test_kv_cache_is_never_copied(eng):
     allowed = {cache.data.untyped_storage().data_ptr()}
     for t in [m.embed, m.lm_head] + [w for L in m.layers for w in (L.wqkv, L.w_gate_up, L.w_down, L.wo)]:
         allowed.add(t.untyped_storage().data_ptr())
-    eng.reset_optimizer(bo_mode="sync", bayes_interval=3, context_window=8, opt_budget=1.0)
+    eng.reset_optimizer(bo_mode="sync", bayes_interval=3, context_window=8, opt_budget=1.0, call_budget=1.0)
     # the reduced-vocabulary draft head is a buffer of the engine, allocated once (like the weights) and filled
     # in place per call: build it first and allow its storage
     eng.generate("x = 1", max_new_tokens=4, speculate="always")
