@@ -14,7 +14,8 @@ BUILT = ["swiftk._C", "swiftk.kernels"]
 # Lowest first. A unit is a top-level module or a subpackage (with everything under it); a unit imports only units
 # of a lower layer, or of its own layer without a cycle.
 LAYERS = [
-    ("base", ["swiftk.errors", "swiftk.files", "swiftk.atomic", "swiftk.home", "swiftk.options", *BUILT]),
+    ("base", ["swiftk.errors", "swiftk.files", "swiftk.atomic", "swiftk.home", "swiftk.options", "swiftk.background",
+              *BUILT]),
     ("runtime", ["swiftk.runtime"]),             # the model, weights, KV cache, masks, ops
     ("loading", ["swiftk.loading"]),             # GGUF, loaders, tokenizer, registry
     ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop

@@ -27,10 +27,11 @@ import os
 import weakref
 from typing import Optional
 
+from ..background import Background
 from ..errors import SwiftkError
 from ..loading.tokenizer import Tokenizer
 from ..proposers.base import Context
-from ..proposers.datastore import Background, cached_stdlib_datastore, corpus_fingerprint, engine_corpus
+from ..proposers.datastore import cached_stdlib_datastore, corpus_fingerprint, engine_corpus
 from ..proposers.user import UserProposer
 from .batch import Drafter
 
@@ -163,7 +164,7 @@ class SwiftkProposer:
             else:
                 self.drafter.set_corpus(ds)
 
-        Background(build)   # the lowest CPU priority: serving goes first
+        Background(build, name="swiftk-corpus", low_priority=True)   # serving goes first
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's runners call this on every proposer; there is no model to load."""

@@ -23,11 +23,12 @@ import sysconfig
 import threading
 import zipfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from ..atomic import write_atomic
+from ..background import Background, Stopped, check
 from ..errors import SwiftkError, warn
 from ..files import regular_file
 from ..home import swiftk_home
@@ -168,6 +169,7 @@ def stdlib_ids(tokenizer, max_tokens: int) -> list:
     eos = min(tokenizer.eos_ids) if tokenizer.eos_ids else 0
     out: list = []
     for ids in stdlib_docs(tokenizer):
+        check()   # between batches: the interpreter may be exiting (swiftk/background.py)
         if len(out) >= max_tokens:
             break
         out.extend(ids[: max_tokens - len(out)])
@@ -214,7 +216,9 @@ def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_
         ds = _load_cached(path)
         if ds is not None:
             return ds
-        ds = Datastore.build(stdlib_ids(tokenizer, max_tokens))
+        ids = stdlib_ids(tokenizer, max_tokens)
+        check()
+        ds = Datastore.build(ids)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             ds.save(path)
@@ -252,28 +256,14 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
         if ds.max_token() >= vocab_size:
             raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
         return ds, None
+    except Stopped:
+        raise
     except Exception as e:  # noqa: BLE001 - the corpus is an optional source, never a reason to fail
         return Datastore.build([]), (f"swiftk: corpus n-grams unavailable ({type(e).__name__}: {str(e)[:200]}); "
                                      "decoding without them")
 
 
 # ---------------------------------------------------------------- one engine's tables
-class Background(threading.Thread):
-    """``make()`` on a daemon thread at the lowest CPU priority (Linux: per thread), its result in ``result``."""
-
-    def __init__(self, make: Callable):
-        super().__init__(daemon=True, name="swiftk-corpus")
-        self._make, self.result = make, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        self.result = self._make()
-
-
 class EngineCorpus:
     """The corpus tables an Engine drafts from, a mixin of Engine (it needs ``resource``, ``set_resource``,
     ``tokenizer``, ``identity``, ``config`` and ``_corpus_job``): here beside the tables they load and build."""
@@ -294,7 +284,7 @@ class EngineCorpus:
             job.join()
         if job.is_alive():
             return Datastore.build([])
-        ds, problem = job.result
+        ds, problem = job.result if job.result is not None else (Datastore.build([]), f"swiftk: {job.error}")
 
         def ready():
             if problem:
@@ -310,7 +300,8 @@ class EngineCorpus:
         if ds is not None and ds.max_token() < self.config.vocab_size:
             self.set_resource("corpus", ds)
             return None
-        self._corpus_job = Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size))
+        self._corpus_job = Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size),
+                                      name="swiftk-corpus", low_priority=True)
         return self._corpus_job
 
     def use_corpus(self, datastore) -> None:

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...background import Background
 from ...options import OptimizerConfig
 from ...errors import SwiftkError
 from ...runtime.skipset import eligible
@@ -188,15 +189,14 @@ class SkipSetOptimizer:
         for lst in (self.X, self.y, self.history):
             del lst[:-_HISTORY]
 
-    # ---- background BO (a daemon thread: nothing to re-import, nothing left behind at exit)
+    # ---- background BO (a daemon thread: nothing to re-import; joined at exit, swiftk/background.py)
     def _start_job(self) -> None:
         X, y = np.array(self.X[-_GP_POINTS:]), np.array(self.y[-_GP_POINTS:])
         seed = int(self.rng.integers(2**31))
         if self.cfg.bo_mode == "sync":
             self._run_job(X, y, seed)
             return
-        self._job = threading.Thread(target=self._run_job, args=(X, y, seed), daemon=True, name="swiftk-bo")
-        self._job.start()
+        self._job = Background(lambda: self._run_job(X, y, seed), name="swiftk-bo")
 
     def _run_job(self, X, y, seed) -> None:
         try:

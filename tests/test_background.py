@@ -1,0 +1,59 @@
+"""swiftk's background threads end before the interpreter does (swiftk/background.py): a daemon thread still in
+native code at finalization aborted the process ("terminate called without an active exception")."""
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+
+
+def test_exit_waits_for_a_running_job():
+    """The script ends while a job runs: the job finishes (joined at exit), it is not cut off."""
+    p = _run("""
+        import time
+        from swiftk.background import Background
+        Background(lambda: (time.sleep(0.5), print("JOB-DONE", flush=True)), name="t")
+        print("MAIN-DONE", flush=True)
+    """)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["MAIN-DONE", "JOB-DONE"], p.stdout
+
+
+def test_exit_stops_a_long_job_at_its_next_check():
+    """A job that calls check() between pieces stops at the next one (Stopped) instead of running to its end."""
+    p = _run("""
+        import time
+        from swiftk.background import Background, Stopped, check
+        def job():
+            try:
+                for _ in range(1000):
+                    check()
+                    time.sleep(0.01)
+                print("RAN-TO-END", flush=True)
+            except Stopped:
+                print("STOPPED", flush=True)
+        Background(job, name="t")
+        time.sleep(0.1)
+    """)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["STOPPED"], p.stdout
+
+
+def test_exit_during_gp_fits_does_not_abort():
+    """What aborted CI once: the process exits while the skip-set search's GP fit runs in its thread (before the
+    join, 4 of 16 such runs aborted here)."""
+    code = """
+        import time, numpy as np
+        from swiftk.background import Background
+        from swiftk.proposers.layerskip.search import bo_suggest
+        rng = np.random.default_rng({seed})
+        X, y = (rng.random((200, 20)) > 0.5).astype(float), rng.random(200)
+        for _ in range(2):
+            Background(lambda: [bo_suggest(X, y, 2.5, 1e-2, i) for i in range(3)], name="swiftk-bo")
+        time.sleep(0.5 + rng.random())
+    """
+    for seed in range(4):
+        p = _run(code.format(seed=seed))
+        assert p.returncode == 0, (seed, p.stderr[-2000:])
