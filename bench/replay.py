@@ -11,6 +11,7 @@ tokens (ours vs ArcticInference's suffix cache at the same budget, bench/arctic.
 
     python -m bench.replay --model smollm2-135m --workloads humaneval,mtbench --n 8 --n-mtbench 2
     python -m bench.replay ... --budgets 8,16,32      # fixed verify budgets, no gate: accepted tokens per pass
+    python -m bench.replay ... --costs 8.0,2:1.04,4:1.18,8:1.44,16:2.3   # one cost table for runs to compare
 
 Writes bench/results/replay_<model>_<date>.md (and .json).
 """
@@ -100,6 +101,19 @@ def cost_table(eng, sizes=(1, 2, 4, 8, 12, 16, 24, 32), context: int = 256, repe
     out = {T: statistics.median(v) for T, v in times.items()}
     cache.reset()
     return out
+
+
+def parse_costs(text: str) -> dict:
+    """``--costs``: "STEP_MS,T:STEPS,..." -> {1: step s, T: seconds}."""
+    head, *rest = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        step = float(head) / 1e3
+        table = {1: step, **{int(t): float(v) * step for t, v in (x.split(":") for x in rest)}}
+    except ValueError as e:
+        raise SystemExit(f"--costs: {text!r} is not STEP_MS,T:STEPS,... ({e})") from e
+    if not (step > 0 and all(t > 1 and v >= step for t, v in table.items() if t != 1) and len(table) > 1):
+        raise SystemExit(f"--costs: {text!r}: a positive step and verify passes T > 1 of at least one step")
+    return table
 
 
 def cost_model(eng, table: dict):
@@ -270,6 +284,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="", help="fixed verify budgets to compare at (e.g. 8,16,32); the gate "
                     "always runs too")
     ap.add_argument("--arctic", action="store_true", help="add ArcticInference's suffix cache (bench/arctic.py)")
+    ap.add_argument("--costs", default="", help="a fixed cost table instead of measuring one: a plain step's "
+                    "milliseconds, then T:steps for verify passes (e.g. 8.0,2:1.04,4:1.18,8:1.44,16:2.3); on a "
+                    "noisy machine the measured table moves 20%% between runs, so A/B predictions share one")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--weights", default=None, help="swiftk's weight format (as bench.drafting's --weights)")
     ap.add_argument("--out", default="bench/results")
@@ -287,7 +304,7 @@ def main(argv=None) -> int:
     prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens, a.skip,
                             a.skip_mtbench)
     cache_dir = data_dir().parent
-    table = cost_table(eng)
+    table = parse_costs(a.costs) if a.costs else cost_table(eng)
     costs = cost_model(eng, table)
     print("cost table (steps):", {k: round(v / table[1], 2) for k, v in table.items()})
     budgets = [0] + [int(b) for b in a.budgets.split(",") if b]

@@ -70,3 +70,11 @@ def test_our_sources_learn_from_the_replay(setup):
     r = R.replay(eng, d, rows * 2, costs)   # the second copy of each output can be drafted from history
     assert r["passes"] > 0 and r["accepted"] > 0
     assert "history" in d.state.estimates and (d.state.successors(eng.config.vocab_size).table >= 0).any()
+
+
+def test_a_given_cost_table_is_parsed_and_bad_ones_are_refused():
+    t = R.parse_costs("8.0, 2:1.04, 8:1.5")
+    assert t == pytest.approx({1: 0.008, 2: 0.00832, 8: 0.012})
+    for bad in ("8.0", "0,2:1.1", "8.0,2:0.5", "8.0,1:1.2", "fast,2:1.1", "8.0,2"):
+        with pytest.raises(SystemExit):
+            R.parse_costs(bad)
