@@ -80,7 +80,10 @@ class OptimizerConfig:
     bayes_interval: int = _opt(25, int, 0, help="a Bayesian-optimization suggestion every this many steps (0: off)", advanced=True)
     max_opt_steps: int = _opt(1000, int, 0, help="optimization steps at most", advanced=True)
     patience: int = _opt(300, int, 1, help="stop after this many steps without a better incumbent", advanced=True)
-    max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this", advanced=True)
+    max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this "
+                                "(objective=speed: an incumbent of the most sublayers allowed)", advanced=True)
+    give_up: int = _opt(50, int, 1, help="objective=speed: stop after this many steps when no set found is expected "
+                        "to beat plain decoding", advanced=True)
     objective: str = _opt("speed", str, choices=("speed", "matchness"),
                           help="speed: expected tokens/s from matchness and measured draft cost; matchness: paper", advanced=True)
     rescore: int = _opt(3, int, 1, 16, help="windows a challenger is scored on before it replaces the incumbent", advanced=True)

@@ -75,9 +75,36 @@ def test_stops_on_max_steps_patience_and_matchness():
     for _ in range(3):
         o.report(o.propose()[0], 0.1, 0.1)
     assert o.done
-    o = make(max_matchness=0.9, rescore=1)
+    o = make(max_matchness=0.9, rescore=1, objective="matchness")
     o.report(o.propose()[0], 0.95, 0.95)
     assert o.done
+
+
+def test_speed_search_stops_on_matchness_only_at_the_most_sublayers():
+    """Under the speed objective a set of few sublayers agrees almost surely and costs nearly a step: its matchness
+    must not end the search (it did on CPU, after 7 steps, with 2 of 48 sublayers); a full-size set's does."""
+    o = make(max_matchness=0.9, rescore=1)
+    small = torch.zeros(o.n, dtype=torch.bool)
+    small[o.eligible[:2]] = True
+    o.report(small, 1.0, 0.9)
+    assert torch.equal(o.best, small) and not o.done
+    full = torch.zeros(o.n, dtype=torch.bool)
+    full[o.eligible[-o.skip_count:]] = True
+    o.report(full, 0.95, 0.95)
+    assert torch.equal(o.best, full) and o.done
+
+
+def test_speed_search_gives_up_when_no_set_would_pay():
+    o = make(rescore=1, give_up=6)
+    for i in range(6):
+        assert not o.done
+        o.report(o.propose()[0], 0.5, 0.5 + 0.05 * i)   # improving, but every set slower than plain decoding
+    assert o.done and o.best_score < 1.0
+    o = make(rescore=1, give_up=6)
+    o.report(o.propose()[0], 0.8, 1.2)                   # one set pays (by more than PAYS): the search goes on
+    for _ in range(10):
+        o.report(o.propose()[0], 0.5, 0.5)
+    assert not o.done
 
 
 def test_background_bo_suggests_without_blocking_and_failures_fall_back(monkeypatch):
