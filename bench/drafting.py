@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
                 row[arm] = {"tokens": r.token_ids, "wall_s": time.perf_counter() - t,
-                            "prefill_s": r.stats.time_prefill_s,
+                            "prefill_s": r.stats.time_prefill_s, "search_s": r.stats.time_optimize_s,
                             "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}
             for arm in ("swiftk", "swiftk-pld"):
                 if row[arm]["tokens"] != row["swiftk-ar"]["tokens"]:
@@ -149,8 +149,14 @@ def aggregate(runs: list) -> dict:
             for k, v in r["swiftk"]["by_source"].items():
                 src[k] = src.get(k, 0) + v
         g["accepted_by_source"] = src
+        wall = sum(r["swiftk"]["wall_s"] for r in rows)
+        g["search_share"] = sum(r["swiftk"].get("search_s", 0.0) for r in rows) / wall if wall else None
         out[f"{w}/{cat}" if cat else w] = g
     return out
+
+
+def _pct(x):
+    return None if x is None else 100 * x
 
 
 def markdown(a, meta, summary) -> str:
@@ -163,14 +169,15 @@ def markdown(a, meta, summary) -> str:
              "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "
              "llama.cpp AR | llama.cpp PLD | its PLD ÷ its AR | default ÷ llama.cpp PLD | default ÷ llama.cpp AR | "
-             "accepted by source |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "accepted by source | skip-set search |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for k, g in summary.items():
         lines.append(f"| {k} | {g['n']} | {f(g['swiftk-ar'])} | {f(g['swiftk'])} | {f(g['swiftk/ar'], '{:.2f}x')} | "
                      f"{f(g.get('decode_only'), '{:.2f}x')} | "
                      f"{f(g['pld/ar'], '{:.2f}x')} | {f(g['llamacpp-ar'])} | {f(g['llamacpp-pld'])} | "
                      f"{f(g['llamacpp-pld/its-ar'], '{:.2f}x')} | {f(g['swiftk/llamacpp-pld'], '{:.2f}x')} | "
                      f"{f(g['swiftk'] / g['llamacpp-ar'] if g['swiftk'] and g['llamacpp-ar'] else None, '{:.2f}x')} | "
-                     f"{g['accepted_by_source']} |")
+                     f"{g['accepted_by_source']} | {f(_pct(g.get('search_share')), '{:.1f}%')} |")
     failed = {k: g["llamacpp_failed"] for k, g in summary.items() if g.get("llamacpp_failed") and ":" not in k}
     if failed:
         lines += ["", f"llama.cpp runs that raised inside llama-cpp-python (that arm's tok/s and ratios leave those "
