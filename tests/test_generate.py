@@ -139,3 +139,27 @@ def test_cli_generate_json(smollm2_path):
     r = subprocess.run([sys.executable, "-m", "swiftk.cli", "generate", "x", "--model", "nope"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "known model" in r.stderr
+
+
+def test_text_is_decoded_once_without_stop_strings_or_a_stream():
+    """Decoding every prefix made a call O(n^2) in its length; without a stop string or a stream the text is
+    decoded when read, and is the same text."""
+    from swiftk.decoding.output import TokenSink
+
+    class Tok:
+        eos_ids = {0}
+        calls = 0
+
+        def decode(self, ids):
+            Tok.calls += 1
+            return "".join(f"w{i} " for i in ids)
+
+    ids = list(range(5, 105))
+    sink = TokenSink(Tok(), 1000)
+    sink.extend(ids)
+    assert Tok.calls == 0 and sink.text == Tok().decode(ids) and Tok.calls == 2
+    assert sink.text == Tok().decode(ids) and Tok.calls == 3          # read again: not decoded again
+    Tok.calls = 0
+    stopped = TokenSink(Tok(), 1000, stop=["w50 "])
+    assert stopped.extend(ids) and stopped.finish_reason == "stop"
+    assert stopped.text == Tok().decode(range(5, 50)) and Tok.calls == 46 + 1
