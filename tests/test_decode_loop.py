@@ -578,3 +578,30 @@ def test_a_slow_useless_proposer_is_rarely_asked_and_output_is_unchanged(eng):
     assert out.token_ids == ref
     passes = out.stats.rounds + out.stats.plain_steps
     assert passes >= 20 and Slow.calls <= 8 + passes // 4, (Slow.calls, passes)   # without the budget: every pass
+
+
+def test_only_drafted_rounds_put_a_call_ahead(eng):
+    """What a search step may spend (DraftContext.ahead) is what the call's drafted rounds saved: plain steps add
+    nothing even when the cost model's step is far off (here 1 s against milliseconds), drafting that found nothing
+    and search steps subtract."""
+    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.output import TokenSink
+    from swiftk.decoding.sampler import Sampler, SamplingParams
+    from swiftk.decoding.session import Session
+
+    class Stale(CostModel):
+        def observe_step(self, dt):
+            self.step = 1.0
+
+    cfg = DecodeConfig().validate()
+    costs = Stale(eng.model)
+    costs.step = 1.0
+    s = Session(eng.model, eng.cache, costs, Gate(costs, eng.new_state().gate, cfg), Sampler(SamplingParams(), "cpu"),
+                TokenSink(eng.tokenizer, 64), cfg, eng.encode_prompt(PROMPT))
+    s.start()
+    for _ in range(20):
+        s.plain_step("accelerate", t_draft=0.001)
+    assert s.draft_context().decoded == 21 and s.draft_context().ahead == pytest.approx(-0.020)
+    t0 = time.perf_counter() - 0.05
+    s.searched(t0, None)
+    assert s.draft_context().ahead <= -0.07

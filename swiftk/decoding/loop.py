@@ -54,7 +54,7 @@ def speculative_decode(s: Session, drafter, sources: list):
 
         if tree is None or tree.size == 1:
             root = s.tokens[-1]
-            logits = s.plain_step(phase)
+            logits = s.plain_step(phase, t_draft)
             learn(budget, learners, torch.tensor([root]), logits)
             budget.end_round({}, costs.step or 0.0)
             if levels:   # drafted, but no node was worth verifying: a round slower than a plain step

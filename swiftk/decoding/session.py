@@ -32,6 +32,7 @@ class Session:
         self.stats.max_tree_nodes = self.max_nodes
         self.t_start = time.perf_counter()
         self.t_decode = self.t_start   # end of the prefill
+        self.ahead = 0.0   # seconds saved against plain decoding so far (draft_context)
         self.done = False
 
     @property
@@ -42,14 +43,13 @@ class Session:
     def draft_context(self) -> DraftContext:
         """The round's view for a model drafter."""
         now, decoded = time.perf_counter(), len(self.tokens) - self.prompt_len
-        ahead = (decoded - 1) * (self.costs.step or 0.0) - (now - self.t_decode)   # the first token came with prefill
         return DraftContext(self.model, self.cache, self.tokens, self.sampler, self.gate, self.cfg.max_draft,
-                            self.max_nodes - 1, self.bins, self.rejection, decoded, now - self.t_start, ahead)
+                            self.max_nodes - 1, self.bins, self.rejection, decoded, now - self.t_start, self.ahead)
 
     def searched(self, t0: float, found) -> None:
         """A skip-set search step ran since ``t0``; ``found``: (tokens seen, matchness, where the candidate came
         from), kept in the trace."""
-        self.timer.add("optimize", t0)
+        self.ahead -= self.timer.add("optimize", t0) - t0
         if self.cfg.trace:
             self.stats.matchness_history.append(found)
 
@@ -61,9 +61,10 @@ class Session:
         self.t_decode = self.timer.add("prefill", t)
         self.done = self.sink.push(self.tokens[-1])
 
-    def plain_step(self, phase: str):
-        """The cheapest way to the next token when no draft pays. Returns the target's scores [1, V] after the
-        token it read (the old root)."""
+    def plain_step(self, phase: str, t_draft: float = 0.0):
+        """The cheapest way to the next token when no draft pays (``t_draft``: what drafting it spent first, lost).
+        Returns the target's scores [1, V] after the token it read (the old root)."""
+        self.ahead -= t_draft
         t0 = time.perf_counter()
         tok, logits = step_logits(self.model, self.cache, self.tokens[-1], self.sampler)
         self.tokens.append(tok)
@@ -88,6 +89,10 @@ class Session:
         st.drafted_tokens += n_levels + sum(1 for x in tree.source if x not in (ROOT, DRAFT))   # spine + free
         st.accepted_tokens += L - 1
         st.rounds += 1
+        # what the round saved: its tokens at a plain step each, less its time. Counted per drafted round, so a
+        # misjudged step errs only on what was drafted (counted over every token, a step estimate a few % high
+        # made a call that drafted nothing look ahead, free to pay for search steps)
+        self.ahead += L * (self.costs.step or 0.0) - t_draft - t_verify
         if self.cfg.trace:   # per-round lists: debugging and plots (they grow with the output)
             expect = (1.0 + sum(tree.value[1:])) / (t_draft + self.costs.v(tree.size))
             st.expected_vs_measured.append((round(expect, 3), round(L / max(t_draft + t_verify, 1e-9), 3)))
