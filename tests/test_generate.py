@@ -163,3 +163,37 @@ def test_text_is_decoded_once_without_stop_strings_or_a_stream():
     stopped = TokenSink(Tok(), 1000, stop=["w50 "])
     assert stopped.extend(ids) and stopped.finish_reason == "stop"
     assert stopped.text == Tok().decode(range(5, 50)) and Tok.calls == 46 + 1
+
+
+def test_streamed_and_stopped_text_decodes_incrementally(eng):
+    """Streams and stop strings follow the text token by token through the tokenizer's incremental decoder (not
+    a decode of every prefix); the pieces join to the full decode, multi-byte characters included, and a stop
+    string cuts where it does in the full text."""
+    from swiftk.decoding.output import TokenSink
+
+    tok = eng.tokenizer
+    text = "def f(x):\n    return x  # héllo wörld ✓ 日本語 🙂 «q» — …\n" * 8
+    ids = tok.encode(text, add_bos=False)
+    full = tok.decode(ids)
+    calls = []
+
+    class Counting:   # the engine's tokenizer, its full decodes counted
+        eos_ids = tok.eos_ids
+
+        def decode(self, x):
+            calls.append(len(x))
+            return tok.decode(x)
+
+        def decode_stream(self):
+            return tok.decode_stream()
+
+    pieces = []
+    sink = TokenSink(Counting(), len(ids), callback=pieces.append)
+    sink.extend(ids)
+    assert sink.finish_reason == "length" and "".join(pieces) == full == sink.text
+    assert calls == [len(ids)]   # once, at the end
+    calls.clear()
+    stop = "日本語 🙂"
+    sink = TokenSink(Counting(), 10_000, stop=[stop])
+    assert sink.extend(ids) and sink.finish_reason == "stop"
+    assert sink.text == full[:full.find(stop)] and calls == []

@@ -97,9 +97,12 @@ class TokenSink:
         self.ids: list = []
         self.finish_reason: Optional[str] = None
         self._emitted = ""   # text already streamed
-        self._text = ""
-        self._decoded = 0    # tokens _text was decoded from: with no stop string and no stream the text is decoded
-        #                      once, when read (decoding every prefix made a call O(n^2): 0.2 ms a token at 2k)
+        self._text = ""      # the text so far, while a stop string or a stream needs it token by token
+        self._full = ("", 0)   # (decode of the first n ids, n): the text as read, decoded once
+        # decoding every prefix after each token made a call O(n^2) in its length (0.13 ms a token at 2k tokens):
+        # the text is decoded when read, and token by token only incrementally where the tokenizer can
+        self._step = tokenizer.decode_stream() if (self.stop or callback) and hasattr(tokenizer, "decode_stream") \
+            else None
 
     @property
     def done(self) -> bool:
@@ -113,16 +116,20 @@ class TokenSink:
         if token in self.tok.eos_ids:
             self.finish_reason = "eos"
         if self.stop or self.callback is not None:
-            self._decode()
-        if self.stop:
-            cut = min((i for i in (self._text.find(s) for s in self.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                self._text = self._text[:cut]
-                self.finish_reason = "stop"
+            before = len(self._text)
+            self._text = self._text + self._step(token) if self._step is not None else self.tok.decode(self.ids)
+            if self.stop:   # only where a stop string could end in the new text
+                start = max(0, min(before, len(self._text)) - max(len(s) for s in self.stop) + 1)
+                cut = min((i for i in (self._text.find(s, start) for s in self.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    self._text = self._text[:cut]
+                    self.finish_reason = "stop"
         if not self.done and len(self.ids) >= self.max_new:
             self.finish_reason = "length"
         if not self.done and self.cancel is not None and self.cancel.is_set():
             self.finish_reason = "cancelled"
+        if self.done and self.finish_reason != "stop" and self._step is not None:
+            self._text = self.text   # the last piece may be held back (an incomplete character): flush all
         self._stream()
         return self.done
 
@@ -145,14 +152,13 @@ class TokenSink:
             self.callback(text[len(self._emitted):])
             self._emitted = text
 
-    def _decode(self) -> None:
-        self._text, self._decoded = self.tok.decode(self.ids), len(self.ids)
-
     @property
     def text(self) -> str:
-        if self._decoded != len(self.ids) and self.finish_reason != "stop":   # a stop cut the text: keep it
-            self._decode()
-        return self._text
+        if self.finish_reason == "stop":   # cut at the stop string
+            return self._text
+        if self._full[1] != len(self.ids):
+            self._full = (self.tok.decode(self.ids), len(self.ids))
+        return self._full[0]
 
 
 class Timer:

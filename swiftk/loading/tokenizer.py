@@ -292,6 +292,12 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def decode_stream(self, skip_special_tokens: bool = True):
+        """An incremental decoder: a function of the next token id -> the text it completes ("" while a character
+        is incomplete); the pieces join to ``decode`` of the ids (the backend's DecodeStream)."""
+        ds, tok = decoders.DecodeStream(skip_special_tokens=skip_special_tokens), self._tok
+        return lambda i: ds.step(tok, int(i)) or ""
+
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
