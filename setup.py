@@ -85,7 +85,7 @@ setup(
         "torch>=2.4",
         "numpy",
         "gguf>=0.10",
-        "tokenizers>=0.19",
+        "tokenizers>=0.21",
         "safetensors",
         "bayesian-optimization>=2.0",
         "threadpoolctl",

@@ -11,9 +11,10 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 from typing import Callable
 
-JOIN_S = 30.0   # at exit, per thread: the longest piece of work between two checks is ~1 s
+JOIN_S = 30.0   # at exit, for all of them: the longest piece of work between two checks is ~1 s
 
 _stop = threading.Event()
 _live: set = set()
@@ -36,11 +37,19 @@ class Background(threading.Thread):
 
     def __init__(self, make: Callable, name: str, low_priority: bool = False):
         super().__init__(daemon=True, name=name)
-        self._make, self._low = make, low_priority
+        # started once the exit handler has run (by a thread still decoding): a thread that only stops, which
+        # no join waits for and which runs no native code
+        self._make = make if not _stop.is_set() else _stopped
+        self._low = low_priority
         self.result, self.error = None, None
         with _live_lock:
             _live.add(self)
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            with _live_lock:
+                _live.discard(self)
+            raise
 
     def run(self) -> None:
         try:
@@ -57,13 +66,29 @@ class Background(threading.Thread):
                 _live.discard(self)
 
 
+def _stopped():
+    raise Stopped("the interpreter is exiting")
+
+
 @atexit.register
 def _finish() -> None:
     _stop.set()
     with _live_lock:
         threads = list(_live)
+    deadline = time.monotonic() + JOIN_S
     for t in threads:
-        t.join(JOIN_S)
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads (and perhaps a lock taken by one of them)."""
+    global _live_lock
+    _live_lock = threading.Lock()
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["Background", "Stopped", "check"]

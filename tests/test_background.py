@@ -57,3 +57,24 @@ def test_exit_during_gp_fits_does_not_abort():
     for seed in range(4):
         p = _run(code.format(seed=seed))
         assert p.returncode == 0, (seed, p.stderr[-2000:])
+
+
+def test_a_job_started_during_exit_only_stops():
+    """A thread still decoding when the exit handler has run may start a job: it stops at once (no native code
+    left running), and a failed start leaves nothing for the exit handler to join."""
+    p = _run("""
+        import swiftk.background as bg
+        bg._finish()
+        t = bg.Background(lambda: print("RAN", flush=True), name="late")
+        t.join(5)
+        print("STOPPED" if isinstance(t.error, bg.Stopped) and not t.is_alive() else "NOT-STOPPED", flush=True)
+        class Broken(bg.Background):
+            def start(self):
+                raise RuntimeError("no threads left")
+        try:
+            Broken(lambda: None, name="broken")
+        except RuntimeError:
+            print("LIVE", len(bg._live), flush=True)
+    """)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["STOPPED", "LIVE", "0"], p.stdout

@@ -197,3 +197,37 @@ def test_streamed_and_stopped_text_decodes_incrementally(eng):
     sink = TokenSink(Counting(), 10_000, stop=[stop])
     assert sink.extend(ids) and sink.finish_reason == "stop"
     assert sink.text == full[:full.find(stop)] and calls == []
+
+
+def test_stop_strings_hold_when_the_decoder_fails_or_rewrites_the_tail():
+    """A tokenizer whose incremental decoder raises falls back to full decodes; a full decode that completes a
+    character it showed as U+FFFD still finds a stop string that ends in it."""
+    from swiftk.decoding.output import TokenSink
+
+    class Tok:   # token 1 = the first byte of "€" (incomplete alone), token 2 = the rest
+        eos_ids = {0}
+
+        def decode(self, ids):
+            out = ""
+            for i, t in enumerate(ids):
+                if t == 1:
+                    out += "" if i + 1 < len(ids) and ids[i + 1] == 2 else "\ufffd"
+                elif t == 2:
+                    out += "€" if i and ids[i - 1] == 1 else "\ufffd"
+                else:
+                    out += f"w{t} "
+            return out
+
+        def decode_stream(self):
+            seen = []
+
+            def step(t):
+                seen.append(t)
+                if len(seen) > 2:
+                    raise ValueError("Invalid prefix encountered")
+                return f"w{t} "
+            return step
+
+    sink = TokenSink(Tok(), 100, stop=["€"])
+    assert sink.extend([5, 6, 7, 1, 2, 8]) and sink.finish_reason == "stop"
+    assert sink.text == "w5 w6 w7 " and sink.ids == [5, 6, 7, 1, 2]

@@ -7,6 +7,7 @@ token plain autoregressive decoding would have stopped at.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -116,10 +117,9 @@ class TokenSink:
         if token in self.tok.eos_ids:
             self.finish_reason = "eos"
         if self.stop or self.callback is not None:
-            before = len(self._text)
-            self._text = self._text + self._step(token) if self._step is not None else self.tok.decode(self.ids)
+            self._text, same = self._next_text(token)
             if self.stop:   # only where a stop string could end in the new text
-                start = max(0, min(before, len(self._text)) - max(len(s) for s in self.stop) + 1)
+                start = max(0, same - max(len(s) for s in self.stop) + 1)
                 cut = min((i for i in (self._text.find(s, start) for s in self.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     self._text = self._text[:cut]
@@ -132,6 +132,17 @@ class TokenSink:
             self._text = self.text   # the last piece may be held back (an incomplete character): flush all
         self._stream()
         return self.done
+
+    def _next_text(self, token: int) -> tuple:
+        """(the text with ``token``, how many leading characters are unchanged)."""
+        old = self._text
+        if self._step is not None:
+            try:
+                return old + self._step(token), len(old)
+            except Exception:  # noqa: BLE001 - the backend's stream refuses some byte sequences: decode in full
+                self._step = None
+        new = self.tok.decode(self.ids)   # a full decode may rewrite the tail (an incomplete character completed)
+        return new, len(os.path.commonprefix([old, new]))
 
     def extend(self, tokens) -> bool:
         for t in tokens:

@@ -294,7 +294,10 @@ class Tokenizer:
 
     def decode_stream(self, skip_special_tokens: bool = True):
         """An incremental decoder: a function of the next token id -> the text it completes ("" while a character
-        is incomplete); the pieces join to ``decode`` of the ids (the backend's DecodeStream)."""
+        is incomplete); the pieces join to ``decode`` of the ids (the backend's DecodeStream). None where the
+        backend has none."""
+        if not hasattr(decoders, "DecodeStream"):
+            return None
         ds, tok = decoders.DecodeStream(skip_special_tokens=skip_special_tokens), self._tok
         return lambda i: ds.step(tok, int(i)) or ""
 

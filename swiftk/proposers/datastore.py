@@ -284,6 +284,9 @@ class EngineCorpus:
             job.join()
         if job.is_alive():
             return Datastore.build([])
+        if job.result is None and job.error is None:   # a forked parent's job, never run in this process
+            self._corpus_job = None
+            return self.corpus(wait)
         ds, problem = job.result if job.result is not None else (Datastore.build([]), f"swiftk: {job.error}")
 
         def ready():
