@@ -31,7 +31,6 @@ class Session:
         self.stats.accepted_by_source = {name: 0 for name in (DRAFT, *source_names)}
         self.stats.max_tree_nodes = self.max_nodes
         self.t_start = time.perf_counter()
-        self.t_decode = self.t_start   # end of the prefill
         self.ahead = 0.0   # seconds saved against plain decoding so far (draft_context)
         self.done = False
 
@@ -58,7 +57,7 @@ class Session:
         t = time.perf_counter()
         self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler))
         self.stats.decoding_steps = 1
-        self.t_decode = self.timer.add("prefill", t)
+        self.timer.add("prefill", t)
         self.done = self.sink.push(self.tokens[-1])
 
     def plain_step(self, phase: str, t_draft: float = 0.0):

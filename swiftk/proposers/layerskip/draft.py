@@ -149,10 +149,10 @@ class LayerSkipDraft(ModelDrafter):
 
     def _budget(self) -> float:
         """Optimization's share of wall time. The search is an investment: its first candidates get half the
-        budget, a set expected to beat plain decoding (by PAYS) earns the full budget, and otherwise the budget follows how
-        close the best set came: half of it times the square of its acceptance over the acceptance that would pay
-        (0.25 against 0.6 on float32 CPU weights: a twelfth; 0 on small models over CPU blocks: the floor, a
-        fiftieth, which still notices text that a skip set drafts well)."""
+        budget, a set expected to beat plain decoding (by PAYS) earns the full budget, and otherwise the budget
+        follows how close the best set came: half of it times the square of its acceptance over the acceptance that
+        would pay (0.25 against 0.6 on float32 CPU weights: a twelfth; 0 on small models over CPU blocks: the floor,
+        a fiftieth, which still notices text that a skip set drafts well)."""
         o, b = self.state.optimizer, self.state.cfg.opt_budget
         if self.state.cfg.objective != "speed" or o.best_score >= PAYS:
             return b
