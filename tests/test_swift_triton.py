@@ -7,7 +7,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):   # a GPU box without the interpreter: the engine here runs on CPU
+# a GPU box without the interpreter: the engine here runs on CPU
+if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     pytest.skip("runs Triton under the CPU interpreter (TRITON_INTERPRET=1); CUDA's Triton ops are test_gpu.py's",
                 allow_module_level=True)
 pytest.importorskip("triton")
