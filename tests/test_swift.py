@@ -52,9 +52,10 @@ def test_greedy_stream_identical_to_autoregressive(eng):
     prompts = _humaneval(12) + FREE_TEXT
     # opt_budget=1: optimize on every round, so every phase occurs within the stream; both gate rules alternate.
     # max_matchness=1: the search ends by its step count or patience, not by a lucky window (text the history
-    # drafts well is text a skip set drafts well too), so the background GP has time to answer
+    # drafts well is text a skip set drafts well too), so the background GP has time to answer; give_up=80: not
+    # by the rule for searches whose sets never pay either (on CPU they may not)
     eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=80, patience=40, bo_mode="thread",
-                        opt_budget=1.0, call_budget=1.0, max_matchness=1.0)
+                        opt_budget=1.0, call_budget=1.0, max_matchness=1.0, give_up=80)
     phases = set()
     accepted = []
     for i, p in enumerate(prompts):
