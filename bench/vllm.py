@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,19 @@ def _prompts(workload: str, n: int, skip: int) -> list:
 def _counters(llm) -> tuple:
     m = {x.name: x for x in llm.get_metrics()}
     get = lambda k: float(m[k].value) if k in m else 0.0   # noqa: E731
-    return get("vllm:spec_decode_num_drafts"), get("vllm:spec_decode_num_accepted_tokens")
+    steps = m.get("vllm:iteration_tokens_total")   # a histogram: one observation per engine step
+    return (get("vllm:spec_decode_num_drafts"), get("vllm:spec_decode_num_accepted_tokens"),
+            get("vllm:spec_decode_num_draft_tokens"), float(getattr(steps, "count", 0)))
+
+
+def _drafting_s() -> float:
+    """Host seconds swiftk's proposers of this process spent drafting so far (vLLM's engine in this process:
+    VLLM_ENABLE_V1_MULTIPROCESSING=0), else 0."""
+    try:
+        from swiftk.integrations.vllm import SwiftkProposer
+    except ImportError:
+        return 0.0
+    return sum(p.drafter.stats["seconds"] for p in list(SwiftkProposer.instances))
 
 
 def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads: list) -> dict:
@@ -68,14 +81,16 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
             # disjoint problems per workload and batch size: no arm meets a prompt (or its answer) twice
             prompts = _prompts(w, n, skip + n * (2 * workloads.index(w) + (batch == 8)))
             chat = w != "humaneval"
-            d0, a0 = _counters(llm)
+            (d0, a0, s0, n0), h0 = _counters(llm), _drafting_s()
             t = time.perf_counter()
             res = [r for i in range(0, len(prompts), batch) for r in gen(prompts[i:i + batch], chat)]
             secs = time.perf_counter() - t
-            d1, a1 = _counters(llm)
+            (d1, a1, s1, n1), h1 = _counters(llm), _drafting_s()
             outs = [list(r.outputs[0].token_ids) for r in res]
             out[w][str(batch)] = {"tokens": sum(map(len, outs)), "seconds": secs, "drafts": d1 - d0,
-                                  "accepted": a1 - a0, "outputs": outs}
+                                  "accepted": a1 - a0, "drafted": s1 - s0, "steps": n1 - n0,
+                                  "drafting_s": h1 - h0,
+                                  "outputs": outs}
     return out
 
 
@@ -102,10 +117,15 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", type=int, default=0,
                     help="pass over the first SKIP problems; each workload then takes 2n others (n at batch 1, n at 8)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of every arm, in alternated order (median shown)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="vLLM's engine in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0), not its own")
     ap.add_argument("--arm", help=argparse.SUPPRESS)         # child: run one arm, print its JSON
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     wl = args.workloads.split(",")
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     if args.arm:
         print("RESULT " + json.dumps(run_arm(args.arm, args.model_dir, args.n, args.skip, args.max_new_tokens, wl)))
         return 0
@@ -120,54 +140,74 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_hf_dir(model_dir)   # the corpus tables now, so that no arm's run builds them
     stdlib_datastore(tok, corpus_fingerprint(tok, {}))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
-    results = {}
-    for arm in args.arms.split(","):
-        if arm == "suffix":   # vLLM's suffix method imports arctic_inference: installed, or bench.arctic's build
-            from bench import arctic
+    if args.in_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    arms = args.arms.split(",")
+    if "suffix" in arms:   # vLLM's suffix method imports arctic_inference: installed, or bench.arctic's build
+        from bench import arctic
 
-            if arctic.suffix_cache_class() is None:
-                print("suffix: arctic-inference is neither installed nor built (python -m bench.arctic --build); "
-                      "arm skipped", file=sys.stderr)
-                continue
+        if arctic.suffix_cache_class() is None:
+            print("suffix: arctic-inference is neither installed nor built (python -m bench.arctic --build); "
+                  "arm skipped", file=sys.stderr)
+            arms.remove("suffix")
+        else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic.home()), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "bench.vllm", "--arm", arm, "--model-dir", model_dir, "--n", str(args.n),
-               "--skip", str(args.skip), "--max-new-tokens", str(args.max_new_tokens), "--workloads", args.workloads]
-        t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if p.returncode or line is None:
-            print(f"{arm}: failed (rc {p.returncode})\n{p.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        results[arm] = json.loads(line[7:])
-        print(f"{arm}: done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    results = {arm: [] for arm in arms}   # arm -> one result per round
+    for rnd in range(args.repeat):
+        for arm in (arms if rnd % 2 == 0 else arms[::-1]):   # alternated order: drift hits every arm alike
+            cmd = [sys.executable, "-m", "bench.vllm", "--arm", arm, "--model-dir", model_dir, "--n", str(args.n),
+                   "--skip", str(args.skip), "--max-new-tokens", str(args.max_new_tokens),
+                   "--workloads", args.workloads]
+            t = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if p.returncode or line is None:
+                print(f"{arm}: failed (rc {p.returncode})\n{p.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            results[arm].append(json.loads(line[7:]))
+            print(f"{arm} (round {rnd + 1}): done in {time.perf_counter() - t:.0f} s", file=sys.stderr)
 
     rows, same = [], True
     base = results.get("plain")
+    med = statistics.median
     for w in wl:
         for batch in ("1", "8"):
-            for arm, r in results.items():
-                x = r[w][batch]
-                tps = x["tokens"] / x["seconds"]
-                ratio = tps / (base[w][batch]["tokens"] / base[w][batch]["seconds"]) if base else float("nan")
-                mal = 1 + x["accepted"] / x["drafts"] if x["drafts"] else 1.0
-                ident = base is None or x["outputs"] == base[w][batch]["outputs"]
+            for arm, rs in results.items():
+                xs = [r[w][batch] for r in rs]
+                tps = [x["tokens"] / x["seconds"] for x in xs]
+                ratios = [t / (b[w][batch]["tokens"] / b[w][batch]["seconds"]) for t, b in zip(tps, base)] \
+                    if base else [float("nan")]
+                ratio = f"{med(ratios):.2f}x" + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(rs) > 1 else "")
+                tot = {k: sum(x.get(k, 0) for x in xs) / len(xs) for k in ("drafts", "accepted", "drafted")}
+                mal = 1 + tot["accepted"] / tot["drafts"] if tot["drafts"] else 1.0
+                ident = base is None or all(x["outputs"] == base[0][w][batch]["outputs"] for x in xs)
                 same &= ident
-                rows.append(f"| {w} | {batch} | {arm} | {tps:.1f} | {ratio:.2f}x | {mal:.2f} | "
+                host = sum(x.get("drafting_s", 0) for x in xs) / len(xs)
+                rows.append(f"| {w} | {batch} | {arm} | {med(tps):.1f} | {ratio} | {mal:.2f} | "
+                            f"{tot['drafted']:.0f} / {tot['accepted']:.0f} | "
+                            f"{med([x['seconds'] for x in xs]):.2f} / {f'{host:.2f}' if host else '-'} | "
                             f"{'yes' if ident else 'NO'} |")
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    flags = (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (" --in-process" if args.in_process else "")
     head = (f"# vLLM + swiftk proposer, {args.model}, {time.strftime('%Y-%m-%d')}\n\n"
             f"`python -m bench.vllm --model {args.model} --n {args.n} --skip {args.skip} --max-new-tokens "
-            f"{args.max_new_tokens}`; {_cpu()}, {os.cpu_count()} cores; "
-            f"float32, greedy, K={K}; wall time incl. prefill.\n\n"
-            "| workload | batch | arm | tok/s | vs plain | mean accepted length | = plain |\n"
-            "|---|---|---|---|---|---|---|\n")
+            f"{args.max_new_tokens}{flags}`; {_cpu()}, {os.cpu_count()} cores; "
+            f"float32, greedy, K={K}; wall time incl. prefill; vLLM's engine "
+            f"{'in the calling process' if args.in_process else 'in its own process (the default)'}.\n\n"
+            f"Per arm, the median of {args.repeat} round(s) (arms in alternated order), the range of the ratio "
+            "in brackets. drafted / accepted: draft tokens sent and accepted (a round's mean); s / drafting: the "
+            "arm's seconds and, where the engine ran in the calling process, swiftk's host time drafting in them."
+            "\n\n"
+            "| workload | batch | arm | tok/s | vs plain | mean accepted length | drafted / accepted | s / drafting "
+            "| = plain |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
     text = head + "\n".join(rows) + "\n"
     print(text)
     outdir = Path(__file__).resolve().parent / "results"
     name = f"vllm_{Path(str(args.model)).name}_{stamp}"
     (outdir / f"{name}.md").write_text(text)
-    slim = {a: {w: {b: {k: v for k, v in x.items() if k != "outputs"} for b, x in r[w].items()} for w in wl}
-            for a, r in results.items()}
+    slim = {a: [{w: {b: {k: v for k, v in x.items() if k != "outputs"} for b, x in r[w].items()} for w in wl}
+                for r in rs] for a, rs in results.items()}
     (outdir / f"{name}.json").write_text(json.dumps({"args": vars(args), "results": slim}, indent=1) + "\n")
     if not same:
         print("outputs differ from vLLM plain (see the table)", file=sys.stderr)

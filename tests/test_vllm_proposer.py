@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from swiftk.errors import SwiftkError
+from swiftk.proposers.base import Chain
 from swiftk.integrations import batch as sb
 from swiftk.integrations import vllm as sv
 
@@ -268,3 +269,43 @@ def test_the_floor_is_measured_from_step_times():
     assert auto.opts["floor"] == "auto" and auto.floor() == sb.PRIOR_FLOOR
     auto.costs = c
     assert auto.floor() == c.floor() != sb.PRIOR_FLOOR
+
+
+def test_the_floor_is_priced_for_the_batch_at_hand():
+    # steps of 8 rows and of 1 (a batch draining): each row sends 3 tokens and emits 2; a step costs 30 ms plus
+    # 2 ms a token. One more token costs 2 ms against a step's 2 tokens a row: at 1 row 2 * 2 / (30 + 2 * 3) ms,
+    # at 8 rows 2 * 16 / (30 + 2 * 24).
+    c = sb.StepCosts()
+    for i in range(200):
+        rows = 8 if i % 3 else 1
+        c.observe(3 * rows, 2 * rows, 0.030 + 0.002 * 3 * rows, rows)
+    assert abs(c.floor(1) - 0.002 * 2 / 0.036) < 1e-6
+    assert abs(c.floor(8) - 0.002 * 16 / 0.078) < 1e-6
+    assert c.floor(1) < c.floor() < c.floor(8)
+    # the drafter prices each step for its rows: a chain whose first token is reached with a chance between the
+    # two floors is sent to a lone request and declined (probed now and then) in a full batch
+    d = sb.Drafter(8, V, LEN, sv.parse_options({"sources": ["ngram"]}), corpus=None)
+    d.costs = c
+    for rows in (1, 8):
+        f = d.floor(rows)
+        assert f == c.floor(rows)
+    mid = (c.floor(1) + c.floor(8)) / 2
+
+    class Fixed:   # a source whose guess is reached with chance `mid`
+        name, learns = "fixed", False
+
+        def propose(self, ctx):
+            return Chain([7, 8], [mid, 0.99], "fixed", [None, None])
+
+    def sent(rows):
+        d.rows = {}
+        b = Batch()
+        for r in range(rows):
+            b.add(_text(r, 300), prompt=100)
+        for r in range(rows):
+            d.rows[r] = sb._Request(b.ids[r, :101].tolist(), 1, d)
+            d.rows[r].srcs = [Fixed()]
+        return d.step([[int(b.ids[r, 100])] for r in range(rows)], b.n, b.ids)
+
+    assert sent(1) == [[7, 8]]
+    assert all(len(x) <= 1 for x in sent(8))   # below the full batch's floor: at most a probe

@@ -84,20 +84,23 @@ class StepCosts:
     """vLLM's step time against the tokens it verified, fitted online: dt = a + b * T (least squares, forgetting
     old steps), from the time between two propose calls of steps in which no request came or left. One more
     draft token costs b; it pays when its chance of being accepted beats b times the tokens a step emits over the
-    step's time: that is the floor. Where the fit has no spread in T (or says b <= 0) the floor stays the prior."""
+    step's time: that is the floor. Both are priced for the batch at hand (its rows times the tokens a row sent
+    and emitted per step): a batch that drains to its last requests gets a floor as low as a step of one row,
+    where the floor of the full batch's mean step left those last requests undrafted, so that the batch waited
+    longer on them. Where the fit has no spread in T (or says b <= 0) the floor stays the prior."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 16):
         self.decay, self.min_steps = decay, min_steps
-        self.w = self.t = self.y = self.tt = self.ty = self.emitted = 0.0
+        self.w = self.t = self.y = self.tt = self.ty = self.emitted = self.rows = 0.0
         self.n = 0
 
-    def observe(self, tokens: int, emitted: int, dt: float) -> None:
-        if not (0 < dt < 60) or tokens < 1:
+    def observe(self, tokens: int, emitted: int, dt: float, rows: int = 1) -> None:
+        if not (0 < dt < 60) or tokens < 1 or rows < 1:
             return
         g = self.decay
         self.w, self.t, self.y = g * self.w + 1, g * self.t + tokens, g * self.y + dt
         self.tt, self.ty = g * self.tt + tokens * tokens, g * self.ty + tokens * dt
-        self.emitted = g * self.emitted + emitted
+        self.emitted, self.rows = g * self.emitted + emitted, g * self.rows + rows
         self.n += 1
 
     def fit(self) -> Optional[tuple]:
@@ -109,13 +112,15 @@ class StepCosts:
         a = (self.y - b * self.t) / self.w
         return (a, b) if b > 0 and a + b * self.t / self.w > 0 else None
 
-    def floor(self) -> float:
+    def floor(self, rows: Optional[int] = None) -> float:
+        """The floor for a step of ``rows`` requests (None: the mean batch of the timed steps)."""
         ab = self.fit()
         if ab is None:
             return PRIOR_FLOOR
         a, b = ab
-        step_s = self.y / self.w
-        return min(max(b * (self.emitted / self.w) / step_s, 0.01), 0.9)
+        n = self.rows / self.w if rows is None else rows
+        step_s = a + b * n * self.t / self.rows   # at the mean batch: the mean step (the fit goes through it)
+        return min(max(b * n * (self.emitted / self.rows) / step_s, 0.01), 0.9)
 
 
 class Drafter:
@@ -133,17 +138,20 @@ class Drafter:
         self.user = list(user)          # (name, object)
         self.disabled: set = set()      # user proposers that raised while serving
         self.rows: dict = {}            # batch row -> _Request
-        self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "probes": 0, "rebuilt": 0, "moved": 0}
+        # expected: accepted tokens the sent drafts' estimates promised (against "accepted": their calibration);
+        # seconds: host time spent in step(), what drafting adds to each of the engine's steps
+        self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "expected": 0.0, "probes": 0, "rebuilt": 0,
+                      "moved": 0, "seconds": 0.0}
         self.costs = StepCosts()
         self.sent = 0   # tokens the next verify pass reads: a token per row plus the drafts sent
         self.last_t = 0.0
 
-    def floor(self) -> float:
+    def floor(self, rows: Optional[int] = None) -> float:
         """The chance of being reached below which a draft token does not pay: the option, or (auto) the measured
-        cost of one more verified token times the tokens a step emits, over the step's time. Before enough clean
-        steps are timed: PRIOR_FLOOR."""
+        cost of one more verified token times the tokens a step of ``rows`` requests emits, over that step's time.
+        Before enough clean steps are timed: PRIOR_FLOOR."""
         f = self.opts["floor"]
-        return float(f) if f != "auto" else self.costs.floor()
+        return float(f) if f != "auto" else self.costs.floor(rows)
 
     def set_corpus(self, datastore) -> None:
         """Corpus tables ready (built in the background): requests that start from now on draft from them."""
@@ -163,6 +171,7 @@ class Drafter:
             else:
                 orphans[i] = req
         drafts = []
+        floor = self.floor(sum(1 for x in sampled if x))   # priced for this step's batch
         for i in range(n_rows):
             new = sampled[i]
             if not new:
@@ -185,14 +194,15 @@ class Drafter:
                 start = req.length()
                 req.extend(row[start:n].tolist())
                 self._learn(req, start)
-            drafts.append(self._propose(req, n))
+            drafts.append(self._propose(req, n, floor))
         for req in orphans.values():   # finished (or preempted: it starts again as a new request)
             out = req.output()
             if "history" in self.opts["sources"] and out:
                 self.history.add(out)
         if clean and not orphans:
-            self.costs.observe(self.sent, sum(len(x) for x in sampled), now - self.last_t)
+            self.costs.observe(self.sent, sum(len(x) for x in sampled), now - self.last_t, n_rows)
         self.last_t, self.sent = time.perf_counter(), n_rows + sum(len(d) for d in drafts)
+        self.stats["seconds"] += self.last_t - now
         return drafts
 
     def _learn(self, req: _Request, start: int) -> None:
@@ -212,11 +222,10 @@ class Drafter:
                 break
         req.gap = 1 if got and got[0] == chain.tokens[0] else min(2 * req.gap, self.opts["probe_gap"])
 
-    def _propose(self, req: _Request, n: int) -> list:
+    def _propose(self, req: _Request, n: int, floor: float) -> list:
         k = min(self.k, self.max_model_len - n - 1)
         if k < 1:
             return []
-        floor = self.floor()
         ctx = Context(req.tokens, k, floor)
         best = None   # (expected accepted tokens, tokens worth sending, chain, source)
         for src in req.srcs:
@@ -241,18 +250,19 @@ class Drafter:
                     best = (v, cut, chain, src)
         if best is None:
             return []
-        _, cut, best, best_src = best
+        v, cut, best, best_src = best
         toks = list(best.tokens[:cut])
         if best.probs[0] < floor:   # expected not to pay: only a probe, now and then
             if req.wait > 0:
                 req.wait -= 1
                 return []
             req.wait = req.gap
-            toks = toks[:1]
+            toks, v = toks[:1], best.probs[0]
             self.stats["probes"] += 1
         if any(not 0 <= t < self.vocab_size for t in toks):
             return []
         best = type(best)(toks, list(best.probs[:len(toks)]), best.source, list(best.keys[:len(toks)]))
         req.last = (best, req.length(), best_src)
         self.stats["proposed"] += len(toks)
+        self.stats["expected"] += v
         return toks
