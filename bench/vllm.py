@@ -89,8 +89,7 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
             outs = [list(r.outputs[0].token_ids) for r in res]
             out[w][str(batch)] = {"tokens": sum(map(len, outs)), "seconds": secs, "drafts": d1 - d0,
                                   "accepted": a1 - a0, "drafted": s1 - s0, "steps": n1 - n0,
-                                  "drafting_s": h1 - h0,
-                                  "outputs": outs}
+                                  "drafting_s": h1 - h0, "outputs": outs}
     return out
 
 
@@ -178,14 +177,14 @@ def main(argv=None) -> int:
                 ratios = [t / (b[w][batch]["tokens"] / b[w][batch]["seconds"]) for t, b in zip(tps, base)] \
                     if base else [float("nan")]
                 ratio = f"{med(ratios):.2f}x" + (f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(rs) > 1 else "")
-                tot = {k: sum(x.get(k, 0) for x in xs) / len(xs) for k in ("drafts", "accepted", "drafted")}
-                mal = 1 + tot["accepted"] / tot["drafts"] if tot["drafts"] else 1.0
+                mean = {k: sum(x[k] for x in xs) / len(xs) for k in ("drafts", "accepted", "drafted", "drafting_s")}
+                mal = 1 + mean["accepted"] / mean["drafts"] if mean["drafts"] else 1.0
                 ident = base is None or all(x["outputs"] == base[0][w][batch]["outputs"] for x in xs)
                 same &= ident
-                host = sum(x.get("drafting_s", 0) for x in xs) / len(xs)
+                host = f"{mean['drafting_s']:.2f}" if mean["drafting_s"] else "-"
                 rows.append(f"| {w} | {batch} | {arm} | {med(tps):.1f} | {ratio} | {mal:.2f} | "
-                            f"{tot['drafted']:.0f} / {tot['accepted']:.0f} | "
-                            f"{med([x['seconds'] for x in xs]):.2f} / {f'{host:.2f}' if host else '-'} | "
+                            f"{mean['drafted']:.0f} / {mean['accepted']:.0f} | {med([x['seconds'] for x in xs]):.2f} / "
+                            f"{host} | "
                             f"{'yes' if ident else 'NO'} |")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     flags = (f" --repeat {args.repeat}" if args.repeat > 1 else "") + (" --in-process" if args.in_process else "")

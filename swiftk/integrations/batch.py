@@ -84,10 +84,10 @@ class StepCosts:
     """vLLM's step time against the tokens it verified, fitted online: dt = a + b * T (least squares, forgetting
     old steps), from the time between two propose calls of steps in which no request came or left. One more
     draft token costs b; it pays when its chance of being accepted beats b times the tokens a step emits over the
-    step's time: that is the floor. Both are priced for the batch at hand (its rows times the tokens a row sent
-    and emitted per step): a batch that drains to its last requests gets a floor as low as a step of one row,
-    where the floor of the full batch's mean step left those last requests undrafted, so that the batch waited
-    longer on them. Where the fit has no spread in T (or says b <= 0) the floor stays the prior."""
+    step's time: that is the floor. It is priced for the batch at hand (its rows times the tokens a row sent and
+    emitted per step): a full batch, where one more token costs a share of every request's step, gets a higher
+    floor than a batch drained to its last requests. Where the fit has no spread in T (or says b <= 0) the floor
+    stays the prior."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 16):
         self.decay, self.min_steps = decay, min_steps
@@ -138,10 +138,9 @@ class Drafter:
         self.user = list(user)          # (name, object)
         self.disabled: set = set()      # user proposers that raised while serving
         self.rows: dict = {}            # batch row -> _Request
-        # expected: accepted tokens the sent drafts' estimates promised (against "accepted": their calibration);
         # seconds: host time spent in step(), what drafting adds to each of the engine's steps
-        self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "expected": 0.0, "probes": 0, "rebuilt": 0,
-                      "moved": 0, "seconds": 0.0}
+        self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "probes": 0, "rebuilt": 0, "moved": 0,
+                      "seconds": 0.0}
         self.costs = StepCosts()
         self.sent = 0   # tokens the next verify pass reads: a token per row plus the drafts sent
         self.last_t = 0.0
@@ -250,19 +249,18 @@ class Drafter:
                     best = (v, cut, chain, src)
         if best is None:
             return []
-        v, cut, best, best_src = best
+        _, cut, best, best_src = best
         toks = list(best.tokens[:cut])
         if best.probs[0] < floor:   # expected not to pay: only a probe, now and then
             if req.wait > 0:
                 req.wait -= 1
                 return []
             req.wait = req.gap
-            toks, v = toks[:1], best.probs[0]
+            toks = toks[:1]
             self.stats["probes"] += 1
         if any(not 0 <= t < self.vocab_size for t in toks):
             return []
         best = type(best)(toks, list(best.probs[:len(toks)]), best.source, list(best.keys[:len(toks)]))
         req.last = (best, req.length(), best_src)
         self.stats["proposed"] += len(toks)
-        self.stats["expected"] += v
         return toks
