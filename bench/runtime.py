@@ -83,12 +83,12 @@ def draft_skip(model, share: float = 0.45) -> torch.Tensor:
     return skip
 
 
-def pass_costs(engines: dict, reps: int, verify=(4, 8, 16)) -> dict:
+def pass_costs(engines: dict, reps: int, verify=(4, 8, 16), ctx: int = 128) -> dict:
+    """Pass costs with ``ctx`` tokens already in the cache (a verify pass's attention grows with it)."""
     from swiftk.runtime.model import nbytes
 
     out = {c: {} for c in engines}
     skip = draft_skip(next(iter(engines.values())).model)
-    ctx = 128
     for c, eng in engines.items():
         m = eng.model
         cache = eng.cache
@@ -167,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill timing (0: leave it out)")
     ap.add_argument("--verify", default="4,8,16", help="verify pass sizes to time, in decode steps (4,8,16 shown)")
+    ap.add_argument("--contexts", default="128", help="tokens in the cache during the pass timings; the first one "
+                    "fills the main table, several add a table of step ms and verify passes per context")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     configs = [c for c in a.configs.split(",") if c]
@@ -205,7 +207,9 @@ def main(argv=None) -> int:
     print(f"# {a.model} cpu threads={threads} {platform.processor() or platform.machine()}; read bandwidth "
           f"{bw:.1f} GB/s (before the pass timings); linear: {cpu_linear.status()}")
     verify = sorted({int(v) for v in a.verify.split(",") if v.strip()} | {4, 8, 16})
-    costs = pass_costs(engines, a.reps, verify)
+    contexts = [int(c) for c in a.contexts.split(",") if c.strip()]
+    by_ctx = {ctx: pass_costs(engines, a.reps, verify, ctx) for ctx in contexts}
+    costs = by_ctx[contexts[0]]
     bw = max(bw, read_bandwidth())   # measured twice: one noisy burst must not inflate every roofline share
     lines = [f"| config | weights MB | step ms | GB/s (roofline share) | verify 4 | verify 8 | verify 16 | "
              f"draft ({costs[configs[0]]['draft_skipped']} skipped) | draft bytes share | draft, reduced head | "
@@ -220,6 +224,13 @@ def main(argv=None) -> int:
         vl = ["| config | " + " | ".join(f"v({T})" for T in verify) + " |", "|---" * (len(verify) + 1) + "|"]
         vl += [f"| {c} | " + " | ".join(f"{costs[c][f'verify{T}']:.2f}" for T in verify) + " |" for c in configs]
         lines += [""] + vl
+    if len(contexts) > 1:
+        cl = ["| config | context | step ms | " + " | ".join(f"v({T})" for T in verify) + " |",
+              "|---" * (len(verify) + 3) + "|"]
+        cl += [f"| {c} | {ctx} | {by_ctx[ctx][c]['step_ms']:.2f} | "
+               + " | ".join(f"{by_ctx[ctx][c][f'verify{T}']:.2f}" for T in verify) + " |"
+               for c in configs for ctx in contexts]
+        lines += [""] + cl
     print("\n".join(lines))
     pre = prefill_costs(engines, llm, a.prefill) if a.prefill else {}
     if pre:
@@ -278,6 +289,7 @@ def main(argv=None) -> int:
     summary = {"model": a.model, "date": stamp, "threads": threads, "cpu": platform.processor(),
                "read_bandwidth_gb_s": bw, "linear": cpu_linear.status(), "workload": a.workload,
                "prompts": len(items), "max_new_tokens": a.max_new_tokens, "pass_costs": costs,
+               "pass_costs_by_context": {str(k): v for k, v in by_ctx.items()},
                "prefill_s": pre, "prefill_tokens": a.prefill,
                "generate_tok_s": tps, "identical_to_hf": same if hf is not None else None,
                "identical_to_kernel_fp32": same_fp32 if "kernel-fp32" in who else None,

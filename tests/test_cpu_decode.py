@@ -105,6 +105,45 @@ def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over):
         assert torch.equal(one[0], chain[i]), i
 
 
+# head_dim 32, 64 (3 and 7 query heads per KV head) and 128: a pass of several tokens attends in tiles of keys, its
+# tokens in blocks per thread count; S = 313 slots is no multiple of a tile or of 16 keys
+@pytest.mark.parametrize("over", [{"hidden_size": 128},
+                                  {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2},
+                                  {"hidden_size": 448, "num_attention_heads": 7, "num_key_value_heads": 1},
+                                  {"hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}])
+def test_tree_rows_equal_single_steps_over_a_long_context(fused_switch, over):
+    """Every row of a 12-token tree over 301 cached slots gets the logits of its token decoded alone with the same
+    visible slots, bit for bit, on 1 and 2 threads and with the tiles switched off (per-token work items)."""
+    m = _model(max_position_embeddings=1024, **over)
+    cache = m.new_cache(512)
+    n = _prefix(m, cache, n=301)
+    T = 12
+    g = torch.Generator().manual_seed(5)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    anc = torch.zeros(T, T, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+    depth = anc.sum(1) - 1
+    toks = torch.randint(0, m.cfg.vocab_size, (T,), generator=g)
+    threads = torch.get_num_threads()
+    try:
+        tree = []
+        for k, tiles in ((1, True), (2, True), (2, False)):
+            torch.set_num_threads(k)
+            cpu_linear.set_attention_tiles(tiles)
+            tree.append(m.forward(toks, n + depth, torch.arange(n, n + T), cache, attn_mask=TreeMask.of(n, anc)))
+    finally:
+        torch.set_num_threads(threads)
+        cpu_linear.set_attention_tiles(True)
+    assert torch.equal(tree[0], tree[1]) and torch.equal(tree[0], tree[2])
+    for i in range(T):   # the tree's KV is in place: token i alone, seeing the prefix and its ancestors
+        vis = torch.cat([torch.ones(n, dtype=torch.bool), anc[i]])[None]
+        one = m.forward(toks[i:i + 1], (n + depth[i]).view(1), torch.tensor([n + i]), cache, attn_mask=vis)
+        assert torch.equal(one[0], tree[0][i]), i
+
+
 def test_partial_passes_and_capture(fused_switch):
     m = _model(num_hidden_layers=4)
     toks = torch.tensor([4, 9, 33])

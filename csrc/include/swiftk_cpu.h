@@ -103,6 +103,10 @@ SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wt
  * with kernels/cpu/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
 SWIFTK_API void swk_set_q_linear(void* fn);
 
+/* 1 (the default): swk_layers attends for passes of several tokens in tiles of keys shared by their rows; 0: per
+ * token, as a one-token step. The results are the same bits; the switch is for A/B timings. */
+SWIFTK_API void swk_set_attention_tiles(int on);
+
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */
 SWIFTK_API int swk_layer_table_width(void);
 

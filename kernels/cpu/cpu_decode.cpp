@@ -122,6 +122,7 @@ void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* 
 // (swk_set_q_linear) rather than this file compiling a second copy of it.
 typedef int (*q_linear_fn)(const float*, int64_t, int64_t, const void*, int, int64_t, float*, int64_t);
 q_linear_fn g_q_linear = nullptr;
+int g_attention_tiles = 1;   // swk_set_attention_tiles: 0 runs every pass on per-token work items (A/B, tests)
 
 // A block weight's descriptor (int64): n_parts, then (address, ggml type, rows) per part: row groups in their own
 // formats, each writing its columns of y [M, N].
@@ -175,15 +176,18 @@ void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float
 // weighted sum of V rows stays in registers. Every step runs in slot order, the same for a token whatever T.
 constexpr int MAXV = 16;   // register path for hd <= 16 vectors
 
-// p[s] = exp(q . K_s * scale - max) over the visible slots s, 0 elsewhere (attend_row's first half)
-void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, int64_t hd, float scale, float* p) {
+// Scores q . K_s * scale of one query head over keys [s0, s1) into p[s] for the visible s, with their running max
+// mx. s0 and, unless s1 == S, s1 are multiples of 16, so whatever split of [0, S) the caller walks, every key gets
+// the ops of one call over [0, S): blocks of 16 keys (8 on AVX2), dot() for those past the last full block.
+void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0, int64_t s1, int64_t hd,
+                 float scale, float* p, float& mx) {
   const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
-  float mx = -INFINITY;
-  int64_t s = 0;
+  int64_t s = s0;
 #if SWK_W == 16
   if (vec_hd) {
     const int64_t nv = hd / SWK_W;
-    for (; s + 16 <= S; s += 16) {
+    vec mv = _mm512_set1_ps(-INFINITY);
+    for (; s + 16 <= s1; s += 16) {
       vec acc[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; j++) acc[j] = vzero();
@@ -195,19 +199,18 @@ void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, i
       vec in[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lane j = key s + j
-      alignas(64) float sc[16];
-      _mm512_store_ps(sc, _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale)));
-      for (int j = 0; j < 16; j++) {
-        if (!vis[s + j]) continue;
-        p[s + j] = sc[j];
-        if (sc[j] > mx) mx = sc[j];
-      }
+      const vec sc = _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale));
+      const __m128i bytes = _mm_loadu_si128((const __m128i*)(vis + s));
+      const __mmask16 m = _mm_test_epi8_mask(bytes, bytes);   // the visible keys' lanes
+      _mm512_mask_storeu_ps(p + s, m, sc);
+      mv = _mm512_mask_max_ps(mv, m, mv, sc);   // max is exact: the lanes' order does not matter
     }
+    mx = std::max(mx, _mm512_reduce_max_ps(mv));
   }
 #else
   if (vec_hd) {   // AVX2: 8 keys at a time, their sums in one shuffle tree (hsum8: each bitwise vsum, i.e. dot())
     const int64_t nv = hd / SWK_W;
-    for (; s + 8 <= S; s += 8) {
+    for (; s + 8 <= s1; s += 8) {
       vec acc[8];
 #pragma GCC unroll 8
       for (int j = 0; j < 8; j++) acc[j] = vzero();
@@ -226,13 +229,24 @@ void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, i
     }
   }
 #endif
-  for (; s < S; s++) {
+  for (; s < s1; s++) {   // the keys past the blocks (all of them when hd is not a vector multiple)
     if (!vis[s]) continue;
     p[s] = dot(q, K + s * hd, hd) * scale;
     if (p[s] > mx) mx = p[s];
   }
-  for (s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
+}
+
+// p[s] = exp(score - max) over the visible slots, 0 elsewhere
+void probs_from_scores(const uint8_t* vis, int64_t S, float mx, float* p) {
+  for (int64_t s = 0; s < S; s++) p[s] = vis[s] ? p[s] - mx : 0.0f;
   exp_inplace(p, S);
+}
+
+// p[s] = exp(q . K_s * scale - max) over the visible slots s, 0 elsewhere (attend_row's first half)
+void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, int64_t hd, float scale, float* p) {
+  float mx = -INFINITY;
+  head_scores(q, K, vis, 0, S, hd, scale, p, mx);
+  probs_from_scores(vis, S, mx, p);
 }
 
 void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
@@ -308,6 +322,147 @@ void attend_heads(const float* q, const float* K, const float* V, const uint8_t*
 }
 #endif
 
+// A pass of several tokens: the attention of every row (token, query head) that shares one KV head, over a block
+// of tokens. One work item per row re-read the head's K and V from L2 or memory per row (at 1024 slots a pass of
+// 8 spent more time there than in its matmuls). Here a tile of keys stays in L1 while every row scores it, then a
+// tile of V rows while every row adds it in. Each row gets attend_row's ops in its order (head_scores over the
+// tiles, then per visible slot in slot order den += e, o = fma(e, V_s, o)): the bits of a decode step.
+template <int NV, int NR>
+void pv_tile(const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp, float* o,
+             float* den) {   // NR consecutive heads of one token: probs p + i * Sp, sums o + i * hd, den[i]
+  constexpr int64_t hd = NV * SWK_W;
+  vec acc[NR][NV];
+  float d[NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; i++) {
+    d[i] = den[i];
+    for (int v = 0; v < NV; v++) acc[i][v] = vld(o + i * hd + v * SWK_W);
+  }
+  for (int64_t s = s0; s < s1; s++) {
+    if (!vis[s]) continue;
+    const float* vr = V + s * hd;
+    vec vv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) vv[v] = vld(vr + v * SWK_W);
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+      const float e = p[i * Sp + s];
+      d[i] += e;
+      const vec ev = vset1(e);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; v++) acc[i][v] = vfma(ev, vv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NR; i++) {
+    den[i] = d[i];
+    for (int v = 0; v < NV; v++) vst(o + i * hd + v * SWK_W, acc[i][v]);
+  }
+}
+
+// pv_tile for n <= NR heads
+template <int NV, int NR>
+void pv_heads(int64_t n, const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp,
+              float* o, float* den) {
+  if constexpr (NR > 1)
+    if (n < NR) return pv_heads<NV, NR - 1>(n, V, s0, s1, vis, p, Sp, o, den);
+  pv_tile<NV, NR>(V, s0, s1, vis, p, Sp, o, den);
+}
+
+#if SWK_W == 16
+// head_scores for two rows at once over [s0, s1), 8 keys of each per hsum16 (its lanes are independent vsums, so each
+// score keeps its bits): half the loads per FMA of one row's 16 keys. Keys past the last full block of 16 in [0, S)
+// go through dot(), as in head_scores.
+void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t* va, const uint8_t* vb, int64_t s0,
+                 int64_t s1, int64_t S, int64_t hd, float scale, float* pa, float* pb, float& ma, float& mb) {
+  const int64_t nv = hd / SWK_W, end = std::min(s1, S / 16 * 16);
+  vec mv = _mm512_set1_ps(-INFINITY);
+  int64_t s = s0;
+  for (; s < end; s += 8) {
+    vec acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) acc[j] = vzero();
+    for (int64_t v = 0; v < nv; v++) {
+      const vec a = vld(qa + v * SWK_W), b = vld(qb + v * SWK_W);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; j++) {
+        const vec k = vld(K + (s + j) * hd + v * SWK_W);
+        acc[j] = vfma(a, k, acc[j]);
+        acc[8 + j] = vfma(b, k, acc[8 + j]);
+      }
+    }
+    vec in[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lanes 0-7: row a, 8-15: row b
+    const vec sc = _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale));
+    int64_t a8, b8;   // the visible keys' lanes: a nonzero byte each
+    memcpy(&a8, va + s, 8);
+    memcpy(&b8, vb + s, 8);
+    const __m128i bytes = _mm_set_epi64x(b8, a8);
+    const __mmask16 m = _mm_test_epi8_mask(bytes, bytes);
+    _mm256_mask_storeu_ps(pa + s, (__mmask8)m, _mm512_castps512_ps256(sc));
+    _mm256_mask_storeu_ps(pb + s, (__mmask8)(m >> 8), _mm512_castps512_ps256(_mm512_shuffle_f32x4(sc, sc, 0xEE)));
+    mv = _mm512_mask_max_ps(mv, m, mv, sc);   // max is exact: any order gives head_scores' value
+  }
+  alignas(64) float mx[16];
+  _mm512_store_ps(mx, mv);
+  for (int j = 0; j < 8; j++) {
+    ma = std::max(ma, mx[j]);
+    mb = std::max(mb, mx[8 + j]);
+  }
+  if (s < s1) {   // the tail of [0, S)
+    head_scores(qa, K, va, s, s1, hd, scale, pa, ma);
+    head_scores(qb, K, vb, s, s1, hd, scale, pb, mb);
+  }
+}
+#endif
+
+// Tokens [t0, t1) x the G query heads of KV head g; q rows in qkv [T, NQKV], results into att [T, H, hd].
+// Scratch: p [(t1 - t0) * G, Sp], o [(t1 - t0) * G, hd], den and mx [(t1 - t0) * G].
+template <int NV>
+void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_t g, int64_t G, int64_t H,
+                  const float* K, const float* V, const uint8_t* vis, int64_t S, float scale, float* p, int64_t Sp,
+                  float* o, float* den, float* mx, float* att) {
+  constexpr int64_t hd = NV * SWK_W;
+  constexpr int64_t TS = std::max<int64_t>(16, 6144 / hd / 16 * 16);   // a tile of K or V rows: ~24 KB, in L1
+  constexpr int NR = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;               // heads sharing each V load
+  const int64_t R = (t1 - t0) * G;
+  for (int64_t r = 0; r < R; r++) mx[r] = -INFINITY;
+  for (int64_t s0 = 0; s0 < S; s0 += TS) {
+    const int64_t s1 = std::min(S, s0 + TS);
+    int64_t r = 0;
+#if SWK_W == 16
+    for (; r + 2 <= R; r += 2) {
+      const int64_t ta = t0 + r / G, tb = t0 + (r + 1) / G;
+      pair_scores(qkv + ta * NQKV + (g * G + r % G) * hd, qkv + tb * NQKV + (g * G + (r + 1) % G) * hd, K,
+                  vis + ta * S, vis + tb * S, s0, s1, S, hd, scale, p + r * Sp, p + (r + 1) * Sp, mx[r], mx[r + 1]);
+    }
+#endif
+    for (; r < R; r++) {
+      const int64_t t = t0 + r / G;
+      head_scores(qkv + t * NQKV + (g * G + r % G) * hd, K, vis + t * S, s0, s1, hd, scale, p + r * Sp, mx[r]);
+    }
+  }
+  for (int64_t r = 0; r < R; r++) {
+    probs_from_scores(vis + (t0 + r / G) * S, S, mx[r], p + r * Sp);
+    den[r] = 0.0f;
+  }
+  for (int64_t i = 0; i < R * hd; i++) o[i] = 0.0f;
+  for (int64_t s0 = 0; s0 < S; s0 += TS) {
+    const int64_t s1 = std::min(S, s0 + TS);
+    for (int64_t t = t0; t < t1; t++)
+      for (int64_t i = 0; i < G; i += NR) {
+        const int64_t r = (t - t0) * G + i, n = std::min<int64_t>(NR, G - i);
+        pv_heads<NV, NR>(n, V, s0, s1, vis + t * S, p + r * Sp, Sp, o + r * hd, den + r);
+      }
+  }
+  for (int64_t r = 0; r < R; r++) {
+    const vec inv = vset1(1.0f / den[r]);
+    float* out = att + ((t0 + r / G) * H + g * G + r % G) * hd;
+    for (int v = 0; v < NV; v++) vst(out + v * SWK_W, vmul(vld(o + r * hd + v * SWK_W), inv));
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -340,7 +495,18 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
   const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
   std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
   const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
-  std::vector<float> probs((size_t)nthreads * 4 * Sp);   // up to 4 heads per work item (attend_heads)
+  std::vector<float> probs;   // up to 4 heads per work item (attend_heads)
+  // A pass of several tokens on a vector head size: attend_group's items, KV heads x nb blocks of tokens (two
+  // items a thread, <= ~32 rows an item: its probs stay a few MB at long contexts).
+  const int64_t NVh = hd / SWK_W;
+  const bool tiled = g_attention_tiles && T > 1 && hd % SWK_W == 0 && (NVh == 2 || NVh == 4 || NVh == 8 || NVh == 16);
+  const int64_t nb = tiled ? std::min(T, std::max((2 * nthreads + KV - 1) / KV, (T * G + 31) / 32)) : 1;
+  const int64_t rmax = tiled ? (T + nb - 1) / nb * G : 0, per_thread = rmax * (Sp + hd + 2);
+  auto group_fn = NVh == 2 ? attend_group<2> : NVh == 4 ? attend_group<4> : NVh == 8 ? attend_group<8>
+                                                                            : attend_group<16>;
+  std::vector<float> scratch;
+  if (tiled) scratch.resize((size_t)nthreads * per_thread);
+  else probs.resize((size_t)nthreads * 4 * Sp);
   for (int64_t li = 0; li < n_layers; li++) {
     const uint64_t* P = table + li * NPTR;
     const int* wt = wtypes + li * 4;
@@ -362,6 +528,16 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
         }
       }
+      if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
+        for (int64_t j = 0; j < KV * nb; j++) {
+          const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
+          float* w = scratch.data() + (size_t)omp_get_thread_num() * per_thread;
+          float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
+          const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+          group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
+        }
+      } else {
       // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
       // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
       const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
@@ -380,6 +556,7 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
 #endif
         for (int64_t i = 0; i < nh; i++)
           attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
+      }
       }
       linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
                  nthreads);
@@ -410,6 +587,10 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
 
 // The block-format matmul (kernels/cpu/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
 void swk_set_q_linear(void* fn) { g_q_linear = (q_linear_fn)fn; }
+
+// 1 (the default): passes of several tokens attend in tiles (attend_group); 0: per-token work items, as a decode
+// step. The same bits either way; the switch exists for A/B timings and the tests that check that.
+void swk_set_attention_tiles(int on) { g_attention_tiles = on != 0; }
 
 // Addresses per layer in swk_layers' table.
 int swk_layer_table_width(void) { return NPTR; }

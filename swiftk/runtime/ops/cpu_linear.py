@@ -39,7 +39,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows")
+            "swk_topk_rows", "swk_set_attention_tiles")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -177,6 +177,7 @@ def _load() -> None:
     lib.swk_layers.restype = ctypes.c_int
     lib.swk_layer_table_width.restype = ctypes.c_int
     lib.swk_set_q_linear.argtypes, lib.swk_set_q_linear.restype = [ctypes.c_void_p], None
+    lib.swk_set_attention_tiles.argtypes, lib.swk_set_attention_tiles.restype = [ctypes.c_int], None
     lib.swk_topk_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.swk_topk_rows.restype = ctypes.c_int
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
@@ -282,6 +283,12 @@ def set_fused(on: bool) -> None:
 
 def fused_active() -> bool:
     return _fused and active()
+
+
+def set_attention_tiles(on: bool) -> None:
+    """Passes of several tokens attend in tiles of keys shared by their rows (on, the default) or per token, as a
+    decode step (off): the same bits, for this process (benchmarks' A/B, tests). Needs :func:`available`."""
+    _lib.swk_set_attention_tiles(1 if on else 0)
 
 
 def layers_fn():
