@@ -132,17 +132,23 @@ def pass_costs(engines: dict, reps: int, verify=(4, 8, 16), ctx: int = 128) -> d
 
 def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
     """Seconds (best of ``reps``) of a ``P``-token prefill with logits for the last token (what generate runs), per
-    configuration and for llama.cpp (``Llama.eval``, its own batching) when given: the time to first token."""
+    configuration (the fused ones also op by op in torch, as ``NAME op by op``) and for llama.cpp (``Llama.eval``, its own batching) when given: the time to first token."""
+    from swiftk.runtime.ops import cpu_linear
+
     ids = torch.arange(P) % 1000 + 100
     best = {}
     for c, eng in engines.items():
-        use(c)
-        cache = eng.model.new_cache(P + 8)
-        for r in range(reps):
-            cache.reset()
-            dt = _time(lambda: eng.model.forward(ids, torch.arange(P), torch.arange(P), cache,
-                                                 logits_idx=torch.tensor([P - 1])))
-            best[c] = min(best.get(c, float("inf")), dt)
+        # the fused configurations also op by op (the prefill path before the C loop took prefills in passes of 64)
+        for name, fused in ((c, None), *([(f"{c} op by op", False)] if c.startswith("kernel") else [])):
+            use(c)
+            if fused is not None:
+                cpu_linear.set_fused(fused)
+            cache = eng.model.new_cache(P + 8)
+            for r in range(reps):
+                cache.reset()
+                dt = _time(lambda: eng.model.forward(ids, torch.arange(P), torch.arange(P), cache,
+                                                     logits_idx=torch.tensor([P - 1])))
+                best[name] = min(best.get(name, float("inf")), dt)
         use("kernel-fp32")
     if llm is not None:
         for r in range(reps):

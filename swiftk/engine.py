@@ -382,7 +382,8 @@ class Engine(EngineCorpus):
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
-                "layer_loop": (f"fused C loop (kernels/cpu/cpu_decode.cpp) for passes of <= {KERNEL_MAX_ROWS} tokens"
+                "layer_loop": (f"fused C loop (kernels/cpu/cpu_decode.cpp), passes of <= {KERNEL_MAX_ROWS} tokens "
+                               "(longer causal prefills in passes of that size)"
                                if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,

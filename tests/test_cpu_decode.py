@@ -175,9 +175,9 @@ def test_weight_formats(fused_switch, weights):
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_fused_path_serves_small_passes_only(fused_switch, monkeypatch):
-    """The switch is applied: on, passes of <= 64 tokens (any verify pass) go through the C loop; off (or a longer
-    prefill), they don't."""
+def test_fused_path_serves_passes_and_causal_prefills(fused_switch, monkeypatch):
+    """The switch is applied: on, passes of <= 64 tokens (any verify pass) go through the C loop, a longer causal
+    prefill as passes of 64; a longer pass with its own mask, or the switch off, runs op by op in torch."""
     m = _model()
     calls = []
     real = cpu_linear.layers_fn
@@ -187,15 +187,43 @@ def test_fused_path_serves_small_passes_only(fused_switch, monkeypatch):
         return real()
 
     monkeypatch.setattr(cpu_linear, "layers_fn", spy)
-    cache = m.new_cache(96)
-    m.forward(torch.arange(70) % 90, torch.arange(70), torch.arange(70), cache)   # prefill: torch path
+    cache = m.new_cache(160)
+    m.forward(torch.arange(70) % 90, torch.arange(70), torch.arange(70), cache)   # prefill: 64 + 6
+    assert len(calls) == 2
+    calls.clear()
+    mask = torch.ones(70, 140, dtype=torch.bool).tril(70)
+    m.forward(torch.arange(70) % 90, torch.arange(70, 140), torch.arange(70, 140), cache, attn_mask=mask)
     assert not calls
-    m.forward(torch.tensor([7]), torch.tensor([70]), torch.tensor([70]), cache, start=70)
+    m.forward(torch.tensor([7]), torch.tensor([140]), torch.tensor([140]), cache, start=140)
     assert calls
     calls.clear()
     fused_switch(False)
-    m.forward(torch.tensor([7]), torch.tensor([71]), torch.tensor([71]), cache, start=71)
+    m.forward(torch.tensor([7]), torch.tensor([141]), torch.tensor([141]), cache, start=141)
     assert not calls
+
+
+@pytest.mark.parametrize("over", [{}, {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2}])
+def test_a_prefill_is_the_prompt_decoded_token_by_token(fused_switch, over):
+    """A 150-token prefill (passes of 64 in the C loop) writes the KV cache and last logits that decoding the
+    prompt one token at a time gives, bit for bit, and matches the op-by-op torch pass within float rounding."""
+    m = _model(max_position_embeddings=1024, **over)
+    P = 150
+    ids = torch.randint(0, m.cfg.vocab_size, (P,), generator=torch.Generator().manual_seed(9))
+    pos, last = torch.arange(P), torch.tensor([P - 1])
+    out = []
+    for fused in (False, True):
+        cpu_linear.set_fused(fused)
+        cache = m.new_cache(P + 8)
+        out.append((m.forward(ids, pos, pos, cache, logits_idx=last), cache.data.clone()))
+    cpu_linear.set_fused(True)
+    (ref, kv_ref), (got, kv_got) = out
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kv_got[..., :P, :], kv_ref[..., :P, :], atol=1e-4, rtol=1e-4)
+    cache = m.new_cache(P + 8)
+    for i in range(P):
+        one = m.forward(ids[i:i + 1], pos[i:i + 1], pos[i:i + 1], cache, start=i)
+    assert torch.equal(one, got)
+    assert torch.equal(cache.data[..., :P, :], kv_got[..., :P, :])
 
 
 def test_bad_passes_are_named(fused_switch):

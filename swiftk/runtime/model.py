@@ -272,8 +272,11 @@ class Model(FusedCPULayers):
             # no weight of the layers it skips).
             last = max((i for i in range(2 * start, 2 * stop) if not flags[i]), default=-1)
             end = last // 2 + 1
-        if T <= KERNEL_MAX_ROWS and self.fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
-            return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
+        if self.fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
+            if T <= KERNEL_MAX_ROWS:
+                return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
+            if attn_mask is None and bool((slots[1:] > slots[:-1]).all()):   # a causal prefill, in order
+                return self._layers_fused_chunks(h, start, end, stop, positions, slots, cache, flags, capture)
         captured = h.clone() if capture == start else None
         x = None   # h normed with the weight of the next sublayer, when the fused add+norm already produced it
         for li in range(start, end):

@@ -183,7 +183,8 @@ WEIGHT_FORMATS = ("bfloat16", "int8", "native")
 _TRANSPOSED: dict = {}
 # Every pass that can be a verify pass (trees of <= 64 nodes, config.max_tree_nodes) runs on the batch-invariant
 # kernels (and on CPU through the fused C loop), so a verify pass equals the plain steps bit for bit; longer
-# passes are prefills, which both arms share, and take GEMM.
+# passes are prefills, which both arms share: on CPU the fused loop runs them as passes of this many tokens, else
+# they take GEMM.
 KERNEL_MAX_ROWS = 64
 
 
