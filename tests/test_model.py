@@ -195,3 +195,21 @@ def test_cache_storage_is_never_reallocated():
     m.forward(ids, torch.arange(6), torch.arange(6), cache)
     m.forward(ids[:2], torch.tensor([6, 6]), torch.tensor([6, 7]), cache, attn_mask=TreeMask.causal(6, 2, "cpu"))
     assert cache.data.data_ptr() == ptr
+
+
+def test_commit_moves_an_accepted_path_into_place_and_skips_one_already_there(monkeypatch):
+    """KVCache.commit: a path off the first branch (nodes 0, 2, 3) is gathered into slots n.. n+2; nodes 0..L-1
+    already sit there (node i in slot n + i), so no copy runs."""
+    m = _ours(_tiny_hf("llama"))
+    cache = m.new_cache(16)
+    cache.data.copy_(torch.randn_like(cache.data))
+    cache.advance(4)
+    copies = []
+    real = cache._ops.kv_commit
+    monkeypatch.setattr(cache._ops, "kv_commit", lambda *a: (copies.append(1), real(*a)))
+    before = cache.data.clone()
+    cache.commit(torch.tensor([0, 1, 2]))
+    assert not copies and torch.equal(cache.data, before) and cache.length == 7
+    cache.commit(torch.tensor([0, 2, 3]))
+    assert copies and cache.length == 10
+    torch.testing.assert_close(cache.data[..., 7:10, :], before[..., [7, 9, 10], :], rtol=0, atol=0)

@@ -78,7 +78,7 @@ class Session:
 
     def commit(self, tree, path, bonus: int, phase: str, t_draft: float, t_verify: float, n_levels: int) -> None:
         """The accepted path's KV into the committed prefix, its tokens and the bonus into the sequence."""
-        self.cache.commit(path, tree.n_spine)
+        self.cache.commit(path)
         self.sampler.release(self.cache.length)
         new = tree.tokens[path].tolist()[1:] + [bonus]   # path[0] is the old root, already in the sequence
         self.tokens += new

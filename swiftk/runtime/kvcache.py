@@ -34,10 +34,11 @@ class KVCache:
             raise SwiftkError(f"cannot commit {n} more slots after {self._length} (cache of {self.max_slots})")
         self._length += n
 
-    def commit(self, path: torch.Tensor, n_spine: int = 0) -> None:
+    def commit(self, path: torch.Tensor) -> None:
         """Append the accepted tree path (node indices root..last; node i sits in slot length+i) to the committed
-        prefix: one gather/copy over all layers, skipped when the path is the spine prefix (already in place)."""
+        prefix: one gather/copy over all layers, skipped when the path is nodes 0..L-1 (already in place: a chain
+        accepted along the first branch laid out, whoever drafted it)."""
         n, L = self._length, path.shape[0]
-        if L > n_spine or not torch.equal(path, torch.arange(L, device=path.device)):
+        if not torch.equal(path, torch.arange(L, device=path.device)):
             self._ops.kv_commit(self.data, n + path, torch.arange(n, n + L, device=path.device))
         self.advance(L)
