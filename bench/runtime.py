@@ -132,13 +132,13 @@ def pass_costs(engines: dict, reps: int, verify=(4, 8, 16), ctx: int = 128) -> d
 
 def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
     """Seconds (best of ``reps``) of a ``P``-token prefill with logits for the last token (what generate runs), per
-    configuration (the fused ones also op by op in torch, as ``NAME op by op``) and for llama.cpp (``Llama.eval``, its own batching) when given: the time to first token."""
+    configuration (the fused ones also op by op in torch, as ``NAME op by op``: the C loop's gain) and for llama.cpp
+    (``Llama.eval``, its own batching) when given: the time to first token."""
     from swiftk.runtime.ops import cpu_linear
 
     ids = torch.arange(P) % 1000 + 100
     best = {}
     for c, eng in engines.items():
-        # the fused configurations also op by op (the prefill path before the C loop took prefills in passes of 64)
         for name, fused in ((c, None), *([(f"{c} op by op", False)] if c.startswith("kernel") else [])):
             use(c)
             if fused is not None:

@@ -53,6 +53,17 @@ def _prefix(m, cache, n=11, seed=3):
     return n
 
 
+def _random_tree(T, g):
+    """(ancestor matrix [T, T] bool, depths [T]) of a random tree of T nodes, node 0 the root."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    anc = torch.zeros(T, T, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc, anc.sum(1) - 1
+
+
 @pytest.mark.parametrize("arch,over", [("llama", {}), ("qwen2", {}),
                                        ("qwen2", {"num_attention_heads": 8, "num_key_value_heads": 1, "hidden_size": 80}),
                                        ("llama", {"hidden_size": 128}),    # head_dim 32: the vector attention path
@@ -63,13 +74,7 @@ def _prefix(m, cache, n=11, seed=3):
 def test_fused_equals_op_by_op(fused_switch, arch, over, T):
     m = _model(arch, **over)
     g = torch.Generator().manual_seed(T)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]   # a random tree
-    anc = torch.zeros(T, T, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        anc[i, i] = True
-        if p >= 0:
-            anc[i] |= anc[p]
-    depth = anc.sum(1) - 1
+    anc, depth = _random_tree(T, g)
     skip = torch.rand(2 * m.cfg.n_layers, generator=g) < 0.4
     toks = torch.randint(0, m.cfg.vocab_size, (T,), generator=g)
 
@@ -119,13 +124,7 @@ def test_tree_rows_equal_single_steps_over_a_long_context(fused_switch, over):
     n = _prefix(m, cache, n=301)
     T = 12
     g = torch.Generator().manual_seed(5)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
-    anc = torch.zeros(T, T, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        anc[i, i] = True
-        if p >= 0:
-            anc[i] |= anc[p]
-    depth = anc.sum(1) - 1
+    anc, depth = _random_tree(T, g)
     toks = torch.randint(0, m.cfg.vocab_size, (T,), generator=g)
     threads = torch.get_num_threads()
     try:

@@ -283,53 +283,12 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-#if SWK_W == 16
-// attend_row for NH query heads of one KV head and one token (hd = 64): the same ops per head in the same order
-// (so the same bits), their weighted sums of V rows interleaved: each head's chain of FMAs waits on its own
-// latency, so one head per loop left the cores idle (22% of a SmolLM2 verify pass of 8 was attention).
-template <int NH>
-void attend_heads(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, float scale,
-                  float* p, int64_t Sp, float* out) {
-  constexpr int64_t hd = 64, NV = hd / SWK_W;
-  for (int i = 0; i < NH; i++) head_probs(q + i * hd, K, vis, S, hd, scale, p + i * Sp);
-  vec o[NH][NV];
-  float den[NH];
-#pragma GCC unroll 4
-  for (int i = 0; i < NH; i++) {
-    den[i] = 0.0f;
-    for (int v = 0; v < NV; v++) o[i][v] = vzero();
-  }
-  for (int64_t s = 0; s < S; s++) {
-    if (!vis[s]) continue;
-    const float* vr = V + s * hd;
-    vec vv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) vv[v] = vld(vr + v * SWK_W);
-#pragma GCC unroll 4
-    for (int i = 0; i < NH; i++) {
-      const float e = p[i * Sp + s];
-      den[i] += e;
-      const vec ev = vset1(e);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; v++) o[i][v] = vfma(ev, vv[v], o[i][v]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < NH; i++) {
-    const vec inv = vset1(1.0f / den[i]);
-    for (int v = 0; v < NV; v++) vst(out + i * hd + v * SWK_W, vmul(o[i][v], inv));
-  }
-}
-#endif
-
-// A pass of several tokens: the attention of every row (token, query head) that shares one KV head, over a block
-// of tokens. One work item per row re-read the head's K and V from L2 or memory per row (at 1024 slots a pass of
-// 8 spent more time there than in its matmuls). Here a tile of keys stays in L1 while every row scores it, then a
-// tile of V rows while every row adds it in. Each row gets attend_row's ops in its order (head_scores over the
-// tiles, then per visible slot in slot order den += e, o = fma(e, V_s, o)): the bits of a decode step.
+// Weighted sums of V rows over slots [s0, s1) for NR consecutive query heads of one token, carried in o and den
+// from tile to tile: per visible slot in slot order den += e, o = fma(e, V_s, o) -- attend_row's second half, so a
+// head summed in tiles or in one call gets the same bits.
 template <int NV, int NR>
 void pv_tile(const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp, float* o,
-             float* den) {   // NR consecutive heads of one token: probs p + i * Sp, sums o + i * hd, den[i]
+             float* den) {   // head i: probs p + i * Sp, sums o + i * hd, den[i]
   constexpr int64_t hd = NV * SWK_W;
   vec acc[NR][NV];
   float d[NR];
@@ -368,6 +327,25 @@ void pv_heads(int64_t n, const float* V, int64_t s0, int64_t s1, const uint8_t* 
     if (n < NR) return pv_heads<NV, NR - 1>(n, V, s0, s1, vis, p, Sp, o, den);
   pv_tile<NV, NR>(V, s0, s1, vis, p, Sp, o, den);
 }
+
+#if SWK_W == 16
+// attend_row for NH query heads of one KV head and one token (hd = 64): the same ops per head in the same order
+// (so the same bits), their weighted sums of V rows interleaved (pv_tile): each head's chain of FMAs waits on its
+// own latency, so one head per loop left the cores idle (22% of a SmolLM2 verify pass of 8 was attention).
+template <int NH>
+void attend_heads(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, float scale,
+                  float* p, int64_t Sp, float* out) {
+  constexpr int64_t hd = 64, NV = hd / SWK_W;
+  for (int i = 0; i < NH; i++) head_probs(q + i * hd, K, vis, S, hd, scale, p + i * Sp);
+  alignas(64) float o[NH * hd] = {};
+  float den[NH] = {};
+  pv_tile<NV, NH>(V, 0, S, vis, p, Sp, o, den);
+  for (int i = 0; i < NH; i++) {
+    const vec inv = vset1(1.0f / den[i]);
+    for (int v = 0; v < NV; v++) vst(out + i * hd + v * SWK_W, vmul(vld(o + i * hd + v * SWK_W), inv));
+  }
+}
+#endif
 
 #if SWK_W == 16
 // head_scores for two rows at once over [s0, s1), 8 keys of each per hsum16 (its lanes are independent vsums, so each
@@ -417,6 +395,10 @@ void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t
 }
 #endif
 
+// A pass of several tokens: the attention of every row (token, query head) that shares one KV head, over a block
+// of tokens. One work item per row re-read the head's K and V from L2 or memory per row (at 1024 slots a pass of
+// 8 spent more time there than in its matmuls). Here a tile of keys stays in L1 while every row scores it, then a
+// tile of V rows while every row adds it in, each row with a decode step's ops in its order, so its bits.
 // Tokens [t0, t1) x the G query heads of KV head g; q rows in qkv [T, NQKV], results into att [T, H, hd].
 // Scratch: p [(t1 - t0) * G, Sp], o [(t1 - t0) * G, hd], den and mx [(t1 - t0) * G].
 template <int NV>
@@ -538,25 +520,25 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
         }
       } else {
-      // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
-      // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
-      const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
+        // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
+        // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
+        const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
-      for (int64_t j = 0; j < work; j++) {
-        const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
-        const int64_t nh = std::min(per, g * G + G - h0);
-        float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
-        const float* q = qkv.data() + t * NQKV + h0 * hd;
-        const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
-        float* out = att.data() + (t * H + h0) * hd;
+        for (int64_t j = 0; j < work; j++) {
+          const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
+          const int64_t nh = std::min(per, g * G + G - h0);
+          float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
+          const float* q = qkv.data() + t * NQKV + h0 * hd;
+          const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+          float* out = att.data() + (t * H + h0) * hd;
 #if SWK_W == 16
-        if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-        if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-        if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+          if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+          if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+          if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
 #endif
-        for (int64_t i = 0; i < nh; i++)
-          attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
-      }
+          for (int64_t i = 0; i < nh; i++)
+            attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
+        }
       }
       linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
                  nthreads);

@@ -61,8 +61,7 @@ class FusedCPULayers:
         """A causal pass longer than the C loop's passes (a prefill, slots increasing) as consecutive passes of
         KERNEL_MAX_ROWS tokens: each sees the slots the ones before it wrote, so the result is the pass's. Each row
         is computed as a decode step computes it, so a prompt's KV cache is the one decoding it token by token
-        would write; and the loop's attention and elementwise ops beat torch's at prefill sizes (a 300-token
-        prefill of SmolLM2 / Qwen2.5-0.5B 1.25x / 1.67x faster than the op-by-op path, docs/performance.md)."""
+        would write; and the loop's attention and elementwise ops beat torch's at prefill sizes (docs/performance.md)."""
         outs, caps = [], []
         for i in range(0, h.shape[0], KERNEL_MAX_ROWS):
             j = min(h.shape[0], i + KERNEL_MAX_ROWS)
