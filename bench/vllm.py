@@ -129,9 +129,13 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(run_arm(args.arm, args.model_dir, args.n, args.skip, args.max_new_tokens, wl)))
         return 0
 
+    with tempfile.TemporaryDirectory(prefix="swiftk-vllm-") as tmp:   # the export is ~0.5 GB: gone when done
+        return _drive(args, wl, tmp)
+
+
+def _drive(args, wl, tmp) -> int:
     from swiftk.integrations.hf_export import export_hf
 
-    tmp = tempfile.mkdtemp(prefix="swiftk-vllm-")
     model_dir = str(export_hf(args.model, Path(tmp) / "model"))
     from swiftk.proposers.datastore import corpus_fingerprint, stdlib_datastore
     from swiftk.loading.tokenizer import Tokenizer
