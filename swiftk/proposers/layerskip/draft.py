@@ -19,6 +19,10 @@ from ..base import calibration_bin
 from .search import PAYS
 
 _EXPLORE = 1  # optimization steps at half the budget before what they found sets the search's budget
+# what a finished search must be able to gain before one runs: its first step (two matchness passes over a window)
+# cost 1.6-6.7% of cold calls on CPU blocks, where it found sets at matchness 0.06-0.09 (0.74-0.91 pays) that
+# drafted nothing, and the lightest set gained 2-12% even at the stopping point (GPUs: a pass of 8 ~ one step)
+SEARCH_MARGIN = 0.25
 
 
 class ModelDrafter:
@@ -164,8 +168,9 @@ class LayerSkipDraft(ModelDrafter):
         return max(b / 50, b / 2 * min(1.0, closeness) ** 2)
 
     def _can_pay(self) -> bool:
-        """Whether the lightest set the search may pick would beat plain decoding at the acceptance where the
-        search would stop as done (``max_matchness``, 0.95), at the measured step, draft and verify costs. Where it would not (small models on CPU blocks,
+        """Whether the lightest set the search may pick would beat plain decoding by SEARCH_MARGIN at the acceptance
+        where the search would stop as done (``max_matchness``, 0.95), at the measured step, draft and verify
+        costs. Where it would not (small models on CPU blocks,
         whose verify passes cost several steps) a search step is time lost; the check follows the costs as they
         are measured, so a cheaper verify (a GPU, a larger model) lets the search run again."""
         return self._cached("can_pay", None, self._lightest_can_pay)
@@ -179,7 +184,7 @@ class LayerSkipDraft(ModelDrafter):
         mask[[2 * i + heavy for i in range(1, 1 + k)]] = True
         mask[[2 * i + light for i in range(1, 1 + min(n - k, L - 2))]] = True
         kf = c.kept_fraction(mask, None if self.head is None else self.head.weight_bytes)
-        return c.expected_rate(self.state.cfg.max_matchness, kf) >= 1.0
+        return c.expected_rate(self.state.cfg.max_matchness, kf) >= 1.0 + SEARCH_MARGIN
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
         """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
