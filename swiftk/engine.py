@@ -24,7 +24,7 @@ from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
 from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, stream_pieces
-from .decoding.passes import autoregressive, full_logits
+from .decoding.passes import autoregressive, full_logits, timed_passes
 from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, describe
@@ -98,6 +98,8 @@ class Engine(EngineCorpus):
         if cuda_graphs:
             self.model.enable_graphs(self.cache)
         self.costs = CostModel(self.model)
+        if self.device.type == "cpu":   # a few passes (~15 ms on SmolLM2, ~0.3 s on a 1.5B) that also page weights in
+            self.costs.calibrate(*timed_passes(self.model, self.cache, 8), 8)
         self._lock = threading.RLock()
         self._busy, self._owner = False, None   # a call holds the KV cache (see _own)
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)

@@ -51,3 +51,39 @@ def test_bad_arguments_fall_back_or_raise():
     assert torch.equal(cpu_linear.topk_rows(x.double(), 2), x.double().topk(2, dim=-1).indices)   # torch path
     with pytest.raises(RuntimeError):
         cpu_linear.topk_rows(x, 11)   # torch's own error for k > V
+
+
+def _reference_np(x: torch.Tensor, k: int) -> torch.Tensor:
+    """_reference for long rows: a stable sort on (NaN first, value descending, index)."""
+    import numpy as np   # only here: the long-row reference
+
+    a = x.numpy()
+    out = []
+    for row in a:
+        nan = np.isnan(row)
+        key = np.where(nan, 0.0, -row)
+        order = np.lexsort((np.arange(len(row)), key, ~nan))
+        out.append(order[:k])
+    return torch.tensor(np.array(out), dtype=torch.int64)
+
+
+@pytest.mark.parametrize("V", [32768, 49155, 151936])
+def test_long_rows_split_across_threads_keep_the_order(V):
+    """Rows of >= 32768 are scanned in slices, one per thread, then merged: every thread count gives the one-pass
+    answer, ties and NaN at slice boundaries included."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randint(0, 40, (6, V), generator=g).float()   # many ties, some across slice boundaries
+    x[0, :] = float("-inf")
+    x[1, [V // 2 - 1, V // 2, V - 1]] = 100.0                # equal maxima on both sides of the middle
+    x[2, [V // 3 + 1, V - 2]] = float("nan")
+    x[3, V - 1] = 1000.0                                      # the best in the last, shortest slice
+    want = {k: _reference_np(x, k) for k in (1, 8, 20)}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3, 4):
+            torch.set_num_threads(threads)
+            for k, ref in want.items():
+                assert torch.equal(cpu_linear.topk_rows(x, k), ref), (threads, k)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(want[1][:, 0], x.argmax(dim=-1))

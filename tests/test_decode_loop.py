@@ -245,6 +245,24 @@ def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
     assert stale.ratio(2) == pytest.approx(0.0234 / 0.0225, rel=1e-6)  # below the prior: kept as measured
 
 
+def test_the_prior_slope_is_this_machines(eng):
+    """A CPU engine prices trees from its own step and 8-token pass, timed at load (a 2-3x pessimistic prior seals
+    itself: the gate never tries the sizes it overprices); the timing leaves the cache empty."""
+    from swiftk.decoding.passes import timed_passes
+
+    step, pass8 = timed_passes(eng.model, eng.cache, 8, context=16, reps=1)
+    assert 0 < step and 0 < pass8 and eng.cache.length == 0
+    c = CostModel(eng.model)
+    c.calibrate(0.010, 0.017, 8)
+    assert c.slope == pytest.approx(0.1) and c.ratio(8) == pytest.approx(1.7)
+    c.calibrate(0.010, 0.009, 8)                # a pass timed faster than a step (noise): the floor
+    assert c.slope == pytest.approx(0.01)
+    c.calibrate(0.010, 1.0, 8)                  # a hiccup: the ceiling
+    assert c.slope == pytest.approx(0.5)
+    assert 0.01 <= eng.costs.slope <= 0.5       # the engine's came from its own passes
+    assert eng.costs.slope != CostModel(eng.model).slope or eng.costs.slope in (0.01, 0.5)
+
+
 @pytest.mark.parametrize("method", ["ngram", "swift"])
 def test_ngram_proposals_continue_after_the_root(eng, monkeypatch, method):
     """The tree's root is the pending token (sampled, not yet in the cache): an n-gram proposal hangs under it, so

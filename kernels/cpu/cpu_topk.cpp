@@ -8,6 +8,7 @@
 // than every number (torch's max reductions propagate it), so a NaN row's argmax is its first NaN.
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 namespace {
@@ -18,9 +19,10 @@ inline bool before(float a, int64_t ia, float b, int64_t ib) {  // a at ia sorts
   return a > b || (a == b && ia < ib);
 }
 
-// One row: the k best (value, index) kept sorted in (v, ix); a vector pass skips every 8 elements none of which
-// beats the current k-th (strictly: a later equal value loses the tie), so insertions are rare after the start.
-void row_topk(const float* x, int64_t V, int k, int64_t* out) {
+// One row (or the slice [i0, V) of one: indices stay the row's): the k best (value, index) kept sorted in (v, ix); a
+// vector pass skips every 8 elements none of which beats the current k-th (strictly: a later equal value loses the
+// tie), so insertions are rare after the start. Returns how many it kept (k, or fewer in a short slice).
+int row_topk(const float* x, int64_t V, int k, int64_t* out, int64_t i0 = 0, float* out_v = nullptr) {
   float v[64];
   int64_t ix[64];
   int n = 0;
@@ -35,7 +37,7 @@ void row_topk(const float* x, int64_t V, int k, int64_t* out) {
     v[p] = a;
     ix[p] = i;
   };
-  int64_t i = 0;
+  int64_t i = i0;
   for (; i < V && n < k; i++) offer(x[i], i);
   for (; i + 8 <= V; i += 8) {
     const __m256 c = _mm256_loadu_ps(x + i);
@@ -48,6 +50,46 @@ void row_topk(const float* x, int64_t V, int k, int64_t* out) {
   }
   for (; i < V; i++) offer(x[i], i);
   for (int j = 0; j < n; j++) out[j] = ix[j];
+  if (out_v)
+    for (int j = 0; j < n; j++) out_v[j] = v[j];
+  return n;
+}
+
+// Rows long enough that a second thread pays for its start: a step's logits row is read while it is still in the
+// cache of the core that wrote it (the LM head splits its columns the same way), ~2x on 2 threads.
+constexpr int64_t PAR_MIN = 1 << 15;
+constexpr int MAX_PARTS = 64;
+
+// Each row cut into `parts` slices scanned in parallel, then the slices' top k merged. (value, index) pairs are
+// totally ordered by before(), so the merge keeps exactly the k a single pass keeps, in the same order.
+void topk_parallel(const float* x, int64_t M, int64_t V, int k, int64_t* out, int parts) {
+  const int64_t chunk = ((V + parts - 1) / parts + 7) / 8 * 8;
+  int64_t* ci = new int64_t[M * parts * k];
+  float* cv = new float[M * parts * k];
+  int* cn = new int[M * parts];
+#pragma omp parallel for schedule(static)
+  for (int64_t w = 0; w < M * parts; w++) {
+    const int64_t m = w / parts, lo = (w % parts) * chunk, hi = lo + chunk < V ? lo + chunk : V;
+    cn[w] = lo < hi ? row_topk(x + m * V, hi, k, ci + w * k, lo, cv + w * k) : 0;
+  }
+  for (int64_t m = 0; m < M; m++) {
+    int at[MAX_PARTS] = {0};
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int p = 0; p < parts; p++) {
+        const int64_t w = m * parts + p;
+        if (at[p] >= cn[w]) continue;
+        const int64_t b = w * k + at[p];
+        if (best < 0 || before(cv[b], ci[b], cv[(m * parts + best) * k + at[best]], ci[(m * parts + best) * k + at[best]]))
+          best = p;
+      }
+      out[m * k + j] = ci[(m * parts + best) * k + at[best]];
+      at[best]++;
+    }
+  }
+  delete[] ci;
+  delete[] cv;
+  delete[] cn;
 }
 
 }  // namespace
@@ -58,6 +100,12 @@ extern "C" {
 // 1 <= k <= min(V, 64). Returns 0, or -1 on bad arguments (nothing written).
 int swk_topk_rows(const float* x, int64_t M, int64_t V, int k, int64_t* out) {
   if (!x || !out || M < 1 || V < 1 || k < 1 || k > 64 || k > V) return -1;
+  int parts = omp_get_max_threads();
+  parts = parts < MAX_PARTS ? parts : MAX_PARTS;
+  if (parts > 1 && V >= PAR_MIN && V / parts >= 8 * k) {
+    topk_parallel(x, M, V, k, out, parts);
+    return 0;
+  }
   for (int64_t m = 0; m < M; m++) row_topk(x + m * V, V, k, out + m * k);
   return 0;
 }
