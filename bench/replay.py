@@ -192,10 +192,10 @@ class Ours:
 def _recorded_rows_only(learn):
     """A learner's ``learn`` that skips the rows past the recorded output (a draft accepted beyond its end scores
     all zeros there: the real target was never asked), so Token Recycling stores only real top-k lists."""
-    def wrapped(tokens, logits):
-        known = logits.abs().amax(dim=-1) > 0
-        if bool(known.any()):
-            learn(tokens[known], logits[known])
+    def wrapped(tokens, logits, rows):
+        known = [i for i, r in enumerate(rows) if bool(logits[r].abs().amax() > 0)]
+        if known:
+            learn([tokens[i] for i in known], logits, [rows[i] for i in known])
     return wrapped
 
 

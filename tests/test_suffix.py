@@ -197,11 +197,17 @@ def test_successor_table_keeps_the_latest_top_k_per_token_in_bounded_memory():
     t = SuccessorTable(V)
     assert t.nbytes == V * K * 4 and t.row(3) == [-1] * K
     logits = torch.randn(2, V)
-    t.update(torch.tensor([3, 4]), logits)
+    t.update([3, 4], logits, [0, 1])
     assert t.row(3) == logits[0].topk(K).indices.tolist() and t.row(4) == logits[1].topk(K).indices.tolist()
     newer = torch.randn(1, V)
-    t.update(torch.tensor([3]), newer)                                     # the latest read of a token wins
+    t.update([3], newer, [0])                                              # the latest read of a token wins
     assert t.row(3) == newer[0].topk(K).indices.tolist()
+    rows = torch.randn(5, V)                  # rows picked out of a pass, in path order; a token read twice: its last
+    t.update([7, 8, 7], rows, [4, 0, 2])
+    assert t.row(7) == rows[2].topk(K).indices.tolist() and t.row(8) == rows[0].topk(K).indices.tolist()
+    with pytest.raises(SwiftkError, match="rows"):          # an index out of range writes nothing
+        t.update([9, V], rows, [1, 1])
+    assert t.row(9) == [-1] * K
 
 
 def test_recycling_walks_the_table_best_first():

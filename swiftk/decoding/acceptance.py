@@ -210,4 +210,7 @@ def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str
     if draft_probs_rule == "rejection":
         return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
                                generator=generator)
+    n = tree.size
+    if target.device.type == "cpu" and target.dim() == 2 and target.shape[0] == n:   # the host lists: no reads back
+        return _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist(), target.device)
     return accept_greedy(tree.parents, tree.tokens, target, anc=tree.mask.ancestors)

@@ -55,7 +55,7 @@ def speculative_decode(s: Session, drafter, sources: list):
         if tree is None or tree.size == 1:
             root = s.tokens[-1]
             logits = s.plain_step(phase, t_draft)
-            learn(budget, learners, torch.tensor([root]), logits)
+            learn(budget, learners, [root], logits, [0])
             budget.end_round({}, costs.step or 0.0)
             if levels:   # drafted, but no node was worth verifying: a round slower than a plain step
                 gate.drafted(costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(1)))
@@ -63,11 +63,12 @@ def speculative_decode(s: Session, drafter, sources: list):
 
         logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
         path, bonus = accept(s, tree, logits)
-        learn(budget, learners, tree.tokens[path], logits[path])
+        nodes = path.tolist()
+        learn(budget, learners, [tree.host_tokens[i] for i in nodes], logits, nodes)
         t_verify = s.timer.add("verify", t) - t
         costs.observe_verify(tree.size, t_verify)
         hits: dict = {}
-        for i, hit in tree.outcomes(path.tolist()):
+        for i, hit in tree.outcomes(nodes):
             owners[tree.source[i]].observe(tree.key[i], hit)
             hits[tree.source[i]] = hits.get(tree.source[i], 0) + hit
         budget.end_round(hits, costs.step or 0.0)
@@ -76,18 +77,19 @@ def speculative_decode(s: Session, drafter, sources: list):
         if levels:   # the round's speed in plain-step units, priced by the cost model
             gate.drafted(path.shape[0] * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
         t = time.perf_counter()
-        s.commit(tree, path, bonus, phase, t_draft, t_verify, len(levels))
+        s.commit(tree, path, nodes, bonus, phase, t_draft, t_verify, len(levels))
         s.timer.add("other", t)
     if drafter is not None:
         drafter.finish(s.stats)
     return s.finish()
 
 
-def learn(budget, learners: list, tokens, logits) -> None:
-    """The target's scores to the sources that learn from them (Token Recycling), those consulted this round."""
+def learn(budget, learners: list, tokens: list, logits, rows: list) -> None:
+    """The target's scores to the sources that learn from them (Token Recycling), those consulted this round:
+    ``tokens[i]`` was read, row ``rows[i]`` of ``logits`` scored what follows it."""
     for src in learners:
         if src.name in budget.on:
-            budget.timed(src.name, src.learn, tokens, logits)
+            budget.timed(src.name, src.learn, tokens, logits, rows)
 
 
 def as_chains(proposal) -> list:

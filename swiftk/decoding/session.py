@@ -76,14 +76,16 @@ class Session:
         self.costs.observe_step(self.timer.add("verify", t0) - t0)
         return logits
 
-    def commit(self, tree, path, bonus: int, phase: str, t_draft: float, t_verify: float, n_levels: int) -> None:
-        """The accepted path's KV into the committed prefix, its tokens and the bonus into the sequence."""
+    def commit(self, tree, path, nodes: list, bonus: int, phase: str, t_draft: float, t_verify: float,
+               n_levels: int) -> None:
+        """The accepted path (``nodes``: the same as a list)'s KV into the committed prefix, its tokens and the
+        bonus into the sequence."""
         self.cache.commit(path)
         self.sampler.release(self.cache.length)
-        new = tree.tokens[path].tolist()[1:] + [bonus]   # path[0] is the old root, already in the sequence
+        new = [tree.host_tokens[i] for i in nodes[1:]] + [bonus]   # nodes[0] is the old root, already in the sequence
         self.tokens += new
         st, L = self.stats, len(new)
-        for i in path.tolist()[1:]:
+        for i in nodes[1:]:
             st.accepted_by_source[tree.source[i]] = st.accepted_by_source.get(tree.source[i], 0) + 1
         st.drafted_tokens += n_levels + sum(1 for x in tree.source if x not in (ROOT, DRAFT))   # spine + free
         st.accepted_tokens += L - 1

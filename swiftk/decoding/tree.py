@@ -79,14 +79,16 @@ class Tree:
     value: list             # per node: estimated probability that it is accepted (the gate's currency)
     prob: list              # per node: the source's own probability for its token (draft prob, n-gram estimate)
     key: list               # per node: what its source files the outcome under (draft nodes: the draft prob)
+    host_parents: list      # parents and tokens as host ints: the round's bookkeeping reads these, not the tensors
+    host_tokens: list       # (each read of a small tensor costs ~10 us in a round, after a pass flushed the caches)
 
     @property
     def size(self) -> int:
-        return self.parents.shape[0]
+        return len(self.host_parents)
 
     def outcomes(self, path: list) -> list:
         """(node, accepted?) for every node whose parent was accepted: what the sources learn from."""
-        on, par = set(path), self.parents.tolist()
+        on, par = set(path), self.host_parents
         return [(i, i in on) for i in range(1, self.size) if par[i] in on]
 
 
@@ -132,10 +134,11 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     keep_n = min(N, max_nodes)
     if choose_size is not None:
         keep_n = max(1, min(keep_n, choose_size([math.exp(score[i]) for i in order[1:keep_n]]) + 1))
-    if keep_n == 1:   # nothing worth verifying (the loop takes a plain step): a host-side root, no tree tensors
-        return Tree(parents=torch.tensor([-1]), tokens=torch.tensor([root_token]), depth=torch.tensor([0]),
-                    mask=TreeMask(prefix_len, torch.ones(1, 1, dtype=torch.int32), torch.ones(1, 1, dtype=torch.bool)),
-                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0], key=[None])
+    if keep_n == 1:   # nothing worth verifying (the loop takes a plain step): the root alone, its tensors shared
+        par, dep, bits, anc = _ROOT_ONLY
+        return Tree(parents=par, tokens=torch.tensor([root_token]), depth=dep, mask=TreeMask(prefix_len, bits, anc),
+                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0], key=[None],
+                    host_parents=[-1], host_tokens=[root_token])
     if keep_n < N:
         keep = sorted(order[:keep_n])
         remap = {old: new for new, old in enumerate(keep)}
@@ -172,7 +175,12 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
             draft_probs[j] = levels[j].dist
     return Tree(parents=ptd[0], tokens=ptd[1], depth=ptd[2], mask=TreeMask(prefix_len, bits, anc),
                 draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob,
-                key=key)
+                key=key, host_parents=parents, host_tokens=tokens)
+
+
+# a root-only tree's parents, depth and mask (never written to): most rounds that find nothing worth verifying
+_ROOT_ONLY = (torch.tensor([-1]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.int32),
+              torch.ones(1, 1, dtype=torch.bool))
 
 
 def _add_chain(parents, tokens, score, source, prob, key, chain: Chain) -> None:

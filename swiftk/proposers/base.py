@@ -146,8 +146,9 @@ class FreeSource:
     def observe(self, key: int, hit: bool) -> None:
         self.est.observe(key, hit)
 
-    def learn(self, tokens, logits) -> None:
-        """``tokens`` [n] were read by the target, which scored ``logits`` [n, V] for the position after each."""
+    def learn(self, tokens: list, logits, rows: list) -> None:
+        """``tokens[i]`` was read by the target, which scored row ``rows[i]`` of ``logits`` [N, V] for the position
+        after it (rows, not a copy of them: a verify pass's are 0.2-0.6 MB each)."""
 
     def chain(self, tokens: list, key: int, ctx: Context) -> Optional[Chain]:
         """``tokens`` all filed under one key, cut where they stop paying (see :func:`useful`)."""

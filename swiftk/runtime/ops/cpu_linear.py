@@ -39,7 +39,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows", "swk_set_attention_tiles")
+            "swk_topk_rows", "swk_topk_into", "swk_set_attention_tiles")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -180,6 +180,9 @@ def _load() -> None:
     lib.swk_set_attention_tiles.argtypes, lib.swk_set_attention_tiles.restype = [ctypes.c_int], None
     lib.swk_topk_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.swk_topk_rows.restype = ctypes.c_int
+    lib.swk_topk_into.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
+    lib.swk_topk_into.restype = ctypes.c_int
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
                                + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
                                + [ctypes.c_void_p, ctypes.c_int])
@@ -269,6 +272,28 @@ def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     if _lib.swk_topk_rows(xc.data_ptr(), xc.shape[0], xc.shape[1], k, out.data_ptr()) != 0:
         raise SwiftkError(f"cpu topk: kernel rejected x {tuple(x.shape)}, k={k}")
     return out
+
+
+def topk_into(x: torch.Tensor, rows: list, table: torch.Tensor, table_rows: list) -> None:
+    """``table[table_rows[m]] = topk_rows(x[rows[m]], k)`` for each m in order, k = table's width (int32 table
+    [T, k]), without copying the rows out of x: one C call where the library is loaded, else torch."""
+    k = table.shape[1]
+    if len(rows) != len(table_rows) or any(not 0 <= r < x.shape[0] for r in rows) \
+            or any(not 0 <= r < table.shape[0] for r in table_rows):
+        raise SwiftkError(f"topk_into: rows {rows} of x {tuple(x.shape)} or table rows {table_rows} of "
+                          f"{tuple(table.shape)} out of range")
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous() and rows
+            and 1 <= k <= min(64, x.shape[1]) and table.dtype == torch.int32
+            and table.is_contiguous() and active()):
+        r = (ctypes.c_int64 * len(rows))(*rows)
+        t = (ctypes.c_int64 * len(table_rows))(*table_rows)
+        if _lib.swk_topk_into(x.data_ptr(), x.shape[0], x.shape[1], r, len(rows), k, table.data_ptr(),
+                              table.shape[0], t) != 0:
+            raise SwiftkError(f"cpu topk: kernel rejected rows {rows} of x {tuple(x.shape)} or table rows "
+                              f"{table_rows} of {tuple(table.shape)}")
+        return
+    if rows:
+        table[torch.tensor(table_rows, dtype=torch.long)] = topk_rows(x[rows].float(), k).to(torch.int32).cpu()
 
 
 _fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu/cpu_decode.cpp)
