@@ -598,10 +598,10 @@ def test_a_slow_useless_proposer_is_rarely_asked_and_output_is_unchanged(eng):
     assert passes >= 20 and Slow.calls <= 8 + passes // 4, (Slow.calls, passes)   # without the budget: every pass
 
 
-def test_only_drafted_rounds_put_a_call_ahead(eng):
-    """What a search step may spend (DraftContext.ahead) is what the call's drafted rounds saved: plain steps add
-    nothing even when the cost model's step is far off (here 1 s against milliseconds), drafting that found nothing
-    and search steps subtract."""
+def test_a_call_is_ahead_by_what_its_rounds_produced_less_all_their_time(eng):
+    """What a search step may spend (DraftContext.ahead): per closed round, what it produced at a plain step per
+    token -- a plain round's own timed step, so a step estimate far off (here 1 s against milliseconds) moves
+    nothing -- less everything the round took: its host work (10 ms a round here) and a search step."""
     from swiftk.decoding.costs import Gate
     from swiftk.decoding.output import TokenSink
     from swiftk.decoding.sampler import Sampler, SamplingParams
@@ -618,8 +618,13 @@ def test_only_drafted_rounds_put_a_call_ahead(eng):
                 TokenSink(eng.tokenizer, 64), cfg, eng.encode_prompt(PROMPT))
     s.start()
     for _ in range(20):
-        s.plain_step("accelerate", t_draft=0.001)
-    assert s.draft_context().decoded == 21 and s.draft_context().ahead == pytest.approx(-0.020)
-    t0 = time.perf_counter() - 0.05
-    s.searched(t0, None)
-    assert s.draft_context().ahead <= -0.07
+        s.begin_round()
+        time.sleep(0.01)             # a round's host work: sources, tree, bookkeeping
+        s.plain_step("accelerate")
+    s.begin_round()                  # closes the last round's account
+    behind = s.draft_context().ahead
+    assert s.draft_context().decoded == 21 and behind <= -0.20
+    time.sleep(0.05)                 # a search step inside the open round
+    s.searched(s.begin_round() - 0.05, None)
+    s.begin_round()
+    assert s.draft_context().ahead <= behind - 0.05

@@ -29,7 +29,7 @@ def speculative_decode(s: Session, drafter, sources: list):
     budget = SourceBudget((src.name for src in sources), gate.auto)   # sources whose host time buys nothing: probed
     s.start()
     while not s.done:
-        t = time.perf_counter()
+        t = s.begin_round()
         phase, found = drafter.optimize(s.draft_context()) if drafter is not None else ("accelerate", None)
         if found is not None:
             s.searched(t, found)
@@ -54,7 +54,7 @@ def speculative_decode(s: Session, drafter, sources: list):
 
         if tree is None or tree.size == 1:
             root = s.tokens[-1]
-            logits = s.plain_step(phase, t_draft)
+            logits = s.plain_step(phase)
             learn(budget, learners, [root], logits, [0])
             budget.end_round({}, costs.step or 0.0)
             if levels:   # drafted, but no node was worth verifying: a round slower than a plain step

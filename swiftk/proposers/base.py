@@ -83,9 +83,9 @@ class DraftContext:
     rejection: bool     # tree rejection sampling: keep the draft's distributions
     decoded: int        # tokens emitted so far in this call
     elapsed: float      # seconds since the call started
-    ahead: float = 0.0  # seconds this call is ahead of plain decoding: what its drafted rounds saved (tokens x a
-    #                     plain step - their time), less drafting that found nothing and search steps; what a
-    #                     search step may spend without making the call slower than plain decoding
+    ahead: float = 0.0  # seconds this call is ahead of plain decoding: per closed round, its tokens at a plain
+    #                     step each (a plain round: its timed step) less all its time, search and host work
+    #                     included; what a search step may spend without making the call slower than plain decoding
 
 
 class Estimates:
