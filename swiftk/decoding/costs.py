@@ -5,7 +5,8 @@ each and verifies T nodes at ``v(T)`` emits M tokens; it pays when M / (k*draft 
 
 :class:`CostModel` starts from priors (a draft step costs the share of weight bytes it reads, plus an overhead
 share; a verify pass of T tokens costs ``1 + slope*(T-1)`` steps) and refines every figure from the passes it
-observes (exponential moving averages), so it needs no start-up benchmark; the engine persists it per device.
+observes (exponential moving averages); on CPU the prior's slope is timed at load (``calibrate``: two passes), and
+the engine persists the figures per device.
 :class:`Gate` turns it and the sources' acceptance estimates into per-round decisions: draft or take a plain step,
 how deep, how many tree nodes.
 """
