@@ -21,7 +21,7 @@ from .search import PAYS
 _EXPLORE = 1  # optimization steps at half the budget before what they found sets the search's budget
 # what a finished search must be able to gain before one runs: its first step (two matchness passes over a window)
 # cost 1.6-6.7% of cold calls on CPU blocks, where it found sets at matchness 0.06-0.09 (0.74-0.91 pays) that
-# drafted nothing, and the lightest set gained 2-12% even at the stopping point (GPUs: a pass of 8 ~ one step)
+# drafted nothing, and the lightest set gained 2-35% even at the stopping point (GPUs: a pass of 8 ~ one step)
 SEARCH_MARGIN = 0.25
 
 
