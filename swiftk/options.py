@@ -83,7 +83,8 @@ class OptimizerConfig:
     max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this "
                                 "(objective=speed: an incumbent of the most sublayers allowed)", advanced=True)
     give_up: int = _opt(50, int, 1, help="objective=speed: stop after this many steps when no set found is expected "
-                        "to beat plain decoding by 5% (>= max_opt_steps: off)", advanced=True)
+                        "to beat plain decoding by 5%, or after the first candidates when the best accepts under a "
+                        "quarter of what would pay (>= max_opt_steps: neither)", advanced=True)
     objective: str = _opt("speed", str, choices=("speed", "matchness"),
                           help="speed: expected tokens/s from matchness and measured draft cost; matchness: paper", advanced=True)
     rescore: int = _opt(3, int, 1, 16, help="windows a challenger is scored on before it replaces the incumbent", advanced=True)

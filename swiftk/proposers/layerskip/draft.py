@@ -23,6 +23,11 @@ _EXPLORE = 1  # optimization steps at half the budget before what they found set
 # cost 1.6-6.7% of cold calls on CPU blocks, where it found sets at matchness 0.06-0.09 (0.74-0.91 pays) that
 # drafted nothing, and the lightest set gained 2-35% even at the stopping point (GPUs: a pass of 8 ~ one step)
 SEARCH_MARGIN = 0.25
+# a speed search whose best set, after its first candidates, accepts under this share of what would pay is given up
+# (and its set never drafted): on CPU blocks every search started at 0.0-0.09 against 0.74-0.91 (SmolLM2,
+# Qwen2.5-0.5B and 1.5B), on an H100 at 0.02-0.06, and none came within reach later; a set that starts within a
+# quarter has room for the search to find one that pays
+HOPELESS = 0.25
 
 
 class ModelDrafter:
@@ -104,10 +109,14 @@ class LayerSkipDraft(ModelDrafter):
         dt = time.perf_counter() - t
         st.time_optimize_s += dt
         self.costs.observe_opt(dt / passes)
+        if dc.gate.auto and self._hopeless():   # speculate='always' (the paper's rule) searches on
+            opt.finish()
         return "optimize", (st.tokens_seen + dc.decoded, m, src)
 
     def propose(self, dc) -> list:
         """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
+        if self.opt is not None and self.opt.done and dc.gate.auto and self._gave_up():
+            return []
         sk = self.skip(dc.model.device)
         if not (self._may_pay(sk, dc.gate) and dc.gate.should_draft()):
             return []
@@ -162,10 +171,35 @@ class LayerSkipDraft(ModelDrafter):
             return b
         if o.steps < _EXPLORE:
             return b / 2
+        return max(b / 50, b / 2 * min(1.0, self._closeness()) ** 2)
+
+    def _closeness(self) -> float:
+        """The best set's acceptance over the acceptance at which it would pay (speed objective)."""
+        o = self.state.optimizer
         need = self._cached("need", o.best, lambda: self.costs.break_even(self.costs.kept_fraction(
             o.best, None if self.head is None else self.head.weight_bytes)))
-        closeness = (o.best_matchness or 0.0) / need
-        return max(b / 50, b / 2 * min(1.0, closeness) ** 2)
+        return (o.best_matchness or 0.0) / need
+
+    def _hopeless(self) -> bool:
+        """After the first candidates (_EXPLORE steps) of a speed search: the best set so far accepts under
+        HOPELESS of what would pay, so the search is given up (the learned state keeps that: later calls pay
+        nothing for it). ``give_up`` >= ``max_opt_steps`` turns this off with the other give-up rule."""
+        o, c = self.state.optimizer, self.state.cfg
+        return (c.objective == "speed" and c.give_up < c.max_opt_steps and o.steps >= _EXPLORE
+                and o.best_score < PAYS and self._closeness() < HOPELESS)
+
+    def _gave_up(self) -> bool:
+        """A finished search whose set is not expected to beat plain decoding (given up, or never measured):
+        drafting with it could only lose, so the drafter stays out of the round."""
+        o = self.state.optimizer
+        if self.state.cfg.objective != "speed":
+            return False
+        m = o.best_matchness
+
+        def loses() -> bool:
+            hb = None if self.head is None else self.head.weight_bytes
+            return m is None or self.costs.expected_rate(m, self.costs.kept_fraction(o.best, hb)) < 1.0
+        return self._cached("gave_up", (o.steps, m), loses)
 
     def _can_pay(self) -> bool:
         """Whether the lightest set the search may pick would beat plain decoding by SEARCH_MARGIN at the acceptance
