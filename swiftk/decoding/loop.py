@@ -30,14 +30,15 @@ def speculative_decode(s: Session, drafter, sources: list):
     s.start()
     while not s.done:
         t = s.begin_round()
-        phase, found = drafter.optimize(s.draft_context()) if drafter is not None else ("accelerate", None)
+        dc = s.draft_context() if drafter is not None else None   # the round's view, for the search and the draft
+        phase, found = drafter.optimize(dc) if drafter is not None else ("accelerate", None)
         if found is not None:
             s.searched(t, found)
         budget.start_round()
         t = time.perf_counter()
         levels, chains = [], []
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
-            levels = drafter.propose(s.draft_context()) if drafter is not None else []
+            levels = drafter.propose(dc) if drafter is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
             chains = [c for src in sources if src.name in budget.on
                       for c in as_chains(budget.timed(src.name, src.propose, ctx))]
