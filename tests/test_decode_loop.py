@@ -507,10 +507,11 @@ def test_a_hopeless_search_is_given_up_and_its_set_never_drafts(monkeypatch, mat
 
     monkeypatch.setattr(d, "_search_step", step)
     gate = SimpleNamespace(auto=True, should_draft=lambda: True)
-    dc = DraftContext(None, None, list(range(40)), None, gate, 4, 8, (), False, decoded=30, elapsed=1.0, ahead=1.0)
+    model = SimpleNamespace(device=torch.device("cpu"))   # no weights: a draft step would fail
+    dc = DraftContext(model, None, list(range(40)), None, gate, 4, 8, (), False, decoded=30, elapsed=1.0, ahead=1.0)
     assert d.optimize(dc)[0] == "optimize"
     assert st.optimizer.done == stops
-    if stops:   # no model needed: the drafter leaves the round before touching it
+    if stops:   # the drafter leaves the round before a draft step
         assert d.propose(dc) == [] and d.optimize(dc) == ("accelerate", None)
 
 

@@ -115,8 +115,6 @@ class LayerSkipDraft(ModelDrafter):
 
     def propose(self, dc) -> list:
         """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
-        if self.opt is not None and self.opt.done and dc.gate.auto and self._gave_up():
-            return []
         sk = self.skip(dc.model.device)
         if not (self._may_pay(sk, dc.gate) and dc.gate.should_draft()):
             return []
@@ -188,19 +186,6 @@ class LayerSkipDraft(ModelDrafter):
         return (c.objective == "speed" and c.give_up < c.max_opt_steps and o.steps >= _EXPLORE
                 and o.best_score < PAYS and self._closeness() < HOPELESS)
 
-    def _gave_up(self) -> bool:
-        """A finished search whose set is not expected to beat plain decoding (given up, or never measured):
-        drafting with it could only lose, so the drafter stays out of the round."""
-        o = self.state.optimizer
-        if self.state.cfg.objective != "speed":
-            return False
-        m = o.best_matchness
-
-        def loses() -> bool:
-            hb = None if self.head is None else self.head.weight_bytes
-            return m is None or self.costs.expected_rate(m, self.costs.kept_fraction(o.best, hb)) < 1.0
-        return self._cached("gave_up", (o.steps, m), loses)
-
     def _can_pay(self) -> bool:
         """Whether the lightest set the search may pick would beat plain decoding by SEARCH_MARGIN at the acceptance
         where the search would stop as done (``max_matchness``, 0.95), at the measured step, draft and verify
@@ -221,10 +206,11 @@ class LayerSkipDraft(ModelDrafter):
         return c.expected_rate(self.state.cfg.max_matchness, kf) >= 1.0 + SEARCH_MARGIN
 
     def _may_pay(self, sk: SkipSet, gate) -> bool:
-        """While the search runs, its measurement of the incumbent (matchness on recent windows) predicts what
-        drafting with it would give: below plain speed the loop does not draft with it (the matchness passes are
-        the cheaper probes). Fixed sets, a finished search and speculate="always" draft as the gate says."""
-        if self.opt is None or self.opt.done or not gate.auto:
+        """The search's measurement of the incumbent (matchness on recent windows) predicts what drafting with it
+        would give: below plain speed the loop does not draft with it -- while the search runs (the matchness passes
+        are the cheaper probes) and after a speed search ended (given up, its set could only lose). Fixed sets, a
+        finished matchness search and speculate="always" draft as the gate says."""
+        if self.opt is None or not gate.auto or self.opt.done and self.state.cfg.objective != "speed":
             return True
         # no measurement yet (a cold start's first window): plain steps and free drafts until one
         m = self.opt.best_matchness
