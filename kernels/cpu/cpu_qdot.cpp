@@ -22,7 +22,7 @@
 //
 // ISA: AVX2+FMA+F16C (vpmaddubsw + vpmaddwd; no int16 saturation can happen: weights enter as unsigned 4-6 bit
 // values or, for Q8_0, through the sign trick, and at most as many products are summed in int16 as fit), with
-// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 5 to
+// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 2 to
 // 16 rows run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
 // r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
@@ -922,10 +922,10 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
   const uint8_t* tailp = tail.data();
   auto group = [&](int64_t g) { return g < full ? w + 8 * g * rb : tailp; };
 #if SWI_V512
-  // every pass of 5 rows or more, every format: up to 8 pairs of rows per unpacking of a group (1.2-1.4x the tiles
-  // at 8-16 rows, bench.qdot_ab), longer passes 8 pairs at a time. M <= 4 stays on one 8-lane unpacking (no faster
-  // in 512 bits)
-  if (M >= 5) {
+  // every pass of 2 rows or more, every format: up to 8 pairs of rows per unpacking of a group (1.2-1.4x the tiles
+  // at 8-16 rows; at 4 rows 1.2x the 8-lane products on Q4_1, Q4_K and Q6_K, 1.06x on Q5_0: bench.qdot_ab; in
+  // Qwen2.5-Coder-1.5B's pass of 2 tokens 1.12x), longer passes 8 pairs at a time. A decode step stays 8-lane
+  if (M >= 2) {
     thread_local XP pairs;
     pair_rows(X, pairs);
     const XP& Y = pairs;   // the caller's (a thread_local named inside the parallel loop is each thread's own)
