@@ -245,6 +245,22 @@ def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
     assert stale.ratio(2) == pytest.approx(0.0234 / 0.0225, rel=1e-6)  # below the prior: kept as measured
 
 
+@pytest.mark.parametrize("pairs", [False, True])
+def test_odd_passes_are_priced_as_the_pairs_kernel_runs_them(eng, pairs):
+    """Where the kernel multiplies activation rows in pairs, a pass of 5 tokens costs what 6 cost: it is priced and
+    filed as 6, so it no longer inflates the 4-token bucket; elsewhere every size is its own."""
+    c = CostModel(eng.model)
+    c.pairs = pairs
+    c.observe_step(0.01)
+    c.observe_verify(4, 0.012)
+    c.observe_verify(5, 0.015)
+    assert (c.ratio(4) == pytest.approx(1.2)) if pairs else c.ratio(4) > 1.21   # without pairs, 5 is filed under 4
+    assert (6 in c.verify) == pairs and (c.ratio(5) == c.ratio(6)) == pairs
+    assert (c.ratio(3) == c.ratio(4)) == pairs
+    assert c.ratio(2) < c.ratio(3)
+    assert CostModel(eng.model).pairs is False   # the tiny test model's float32 weights never pair rows
+
+
 def test_the_prior_slope_is_this_machines(eng):
     """A CPU engine prices trees from its own step and 8-token pass, timed at load (a 2-3x pessimistic prior seals
     itself: the gate never tries the sizes it overprices); the timing leaves the cache empty."""

@@ -18,7 +18,9 @@ from typing import Optional
 
 import torch
 
+from ..errors import SwiftkError
 from ..runtime.model import nbytes
+from ..runtime.ops import cpu_quant
 
 _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -36,6 +38,13 @@ def ema(old: Optional[float], new: float) -> float:
     return old + _EMA * (new - old)
 
 
+def _pairs_kernel() -> bool:
+    try:
+        return cpu_quant.int_isa() == "AVX-512 VNNI"
+    except SwiftkError:   # no kernel library: nothing runs in pairs
+        return False
+
+
 class CostModel:
     def __init__(self, model):
         c, L0 = model.cfg, model.layers[0]
@@ -50,6 +59,10 @@ class CostModel:
         native = getattr(model, "weights", None) == "native"
         act = getattr(model, "activations", "int8")
         self.slope = 0.004 if gpu else (0.2 if act == "int8" else 0.35) if native else 0.07
+        # AVX-512 VNNI multiplies a pass's activation rows in pairs (kernels/cpu/cpu_qdot.cpp): an odd pass of T >= 3
+        # tokens costs about what T + 1 cost, so it is priced and filed as T + 1 (filed as T - 1, as the nearest
+        # bucket was, it made 4-token passes look as dear as 5-token ones)
+        self.pairs = not gpu and native and act == "int8" and _pairs_kernel()
         self.step: Optional[float] = None     # seconds of a plain decode step
         # bucket -> a verify pass of that many tokens, in decode steps: a ratio survives a machine that got
         # uniformly slower or faster since it was measured (another job, another process's persisted figures)
@@ -73,6 +86,7 @@ class CostModel:
     def observe_verify(self, T: int, dt: float) -> None:
         if T == 1:
             return self.observe_step(dt)
+        T = self.priced_as(T)
         if self.step is None:   # no plain step yet: the prior's shape stands in for one
             return self.observe_step(dt / self._prior_v(T))
         b = min(BUCKETS, key=lambda x: abs(x - T))
@@ -113,11 +127,16 @@ class CostModel:
         """Seconds of a verify pass over T tokens."""
         return (self.step or 1.0) * self.ratio(T)
 
+    def priced_as(self, T: int) -> int:
+        """The pass size whose cost a pass of T tokens has: T + 1 for an odd T >= 3 where rows go in pairs."""
+        return T + 1 if self.pairs and T >= 3 and T % 2 else T
+
     def ratio(self, T: int) -> float:
         """A verify pass over T tokens in decode steps: the nearest measured bucket scaled by the prior's shape,
         never above a measured larger pass (noise), never below one step."""
         if T <= 1:
             return 1.0
+        T = self.priced_as(T)
         if not self._memo or self._clock - self._memo_clock >= 32:   # beliefs age: refresh now and then, not per step
             self._memo, self._memo_clock = {}, self._clock
         r = self._memo.get(T)
