@@ -261,6 +261,25 @@ def test_odd_passes_are_priced_as_the_pairs_kernel_runs_them(eng, pairs):
     assert CostModel(eng.model).pairs is False   # the tiny test model's float32 weights never pair rows
 
 
+@pytest.mark.parametrize("isa,pairs", [("AVX-512 VNNI", True), ("AVX2+VNNI", False), (None, False)])
+def test_rows_pair_only_where_the_int8_kernel_runs_pairs(eng, monkeypatch, isa, pairs):
+    """CostModel.pairs follows the loaded int8 kernel's path (None: no kernel library) for GGUF blocks with int8
+    activations."""
+    from swiftk.runtime.ops import cpu_quant
+
+    def int_isa():
+        if isa is None:
+            raise SwiftkError("CPU quant kernel unavailable: test")
+        return isa
+
+    monkeypatch.setattr(cpu_quant, "int_isa", int_isa)
+    monkeypatch.setattr(eng.model, "weights", "native", raising=False)
+    monkeypatch.setattr(eng.model, "activations", "int8", raising=False)
+    assert CostModel(eng.model).pairs is pairs
+    monkeypatch.setattr(eng.model, "activations", "float32", raising=False)
+    assert CostModel(eng.model).pairs is False
+
+
 def test_the_prior_slope_is_this_machines(eng):
     """A CPU engine prices trees from its own step and 8-token pass, timed at load (a 2-3x pessimistic prior seals
     itself: the gate never tries the sizes it overprices); the timing leaves the cache empty."""

@@ -22,8 +22,8 @@
 //
 // ISA: AVX2+FMA+F16C (vpmaddubsw + vpmaddwd; no int16 saturation can happen: weights enter as unsigned 4-6 bit
 // values or, for Q8_0, through the sign trick, and at most as many products are summed in int16 as fit), with
-// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 2 to
-// 16 rows run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
+// vpdpbusd when AVX-512 VNNI (+VL) or AVX-VNNI is compiled in, else portable C++. With AVX-512 VNNI, passes of 2 rows
+// or more run 512-bit vectors whose 16 lanes are 8 weight rows x 2 activation rows (lanes 2r, 2r + 1: weight row
 // r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
 #include <math.h>
@@ -47,7 +47,7 @@
 #else
 #define SWI_VNNI 0
 #endif
-// AVX-512 VNNI: passes of 5-16 rows run on 512-bit vectors, two activation rows per vector (below)
+// AVX-512 VNNI: passes of 2 rows or more run on 512-bit vectors, two activation rows per vector (below)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SWI_V512 1
 #else
@@ -879,8 +879,8 @@ void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span&
   }
 }
 
-// More than 8 pairs (17 rows or more: long trees, prefill) against one group, 8 pairs per unpacking, the group's
-// blocks from L1 after the first: 1.2-1.5x the 256-bit tiles at 17-512 rows (bench.qdot_ab).
+// 1-2 pairs (2-4 rows), or more than 8 (17 rows or more: long trees, prefill) against one group, 8 pairs per
+// unpacking, the group's blocks from L1 after the first: 1.2-1.5x the 256-bit tiles at 17-512 rows (bench.qdot_ab).
 template <int T>
 void pairs_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M, int64_t n0, int64_t N, float* y,
                 int64_t ldy) {
@@ -932,7 +932,8 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
 #pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
     for (int64_t g = 0; g < ng; g++) {
       Span S;
-      switch (Y.P) {   // 5..16 rows: one unpacking of 3 to 8 pairs (in pairs_rows' loop, 8 rows ran ~4% slower)
+      switch (Y.P) {   // 5..16 rows: one unpacking of 3 to 8 pairs (in pairs_rows' loop, 8 rows ran ~4% slower);
+                       // 2-4 rows and 17 or more: pairs_rows
         case 3: direct2_rows<T, 3>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
         case 4: direct2_rows<T, 4>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
         case 5: direct2_rows<T, 5>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
