@@ -261,18 +261,19 @@ def test_odd_passes_are_priced_as_the_pairs_kernel_runs_them(eng, pairs):
     assert CostModel(eng.model).pairs is False   # the tiny test model's float32 weights never pair rows
 
 
-@pytest.mark.parametrize("isa,pairs", [("AVX-512 VNNI", True), ("AVX2+VNNI", False), (None, False)])
+@pytest.mark.parametrize("isa,pairs", [(3, True), (2, False), (None, False)])
 def test_rows_pair_only_where_the_int8_kernel_runs_pairs(eng, monkeypatch, isa, pairs):
-    """CostModel.pairs follows the loaded int8 kernel's path (None: no kernel library) for GGUF blocks with int8
-    activations."""
+    """CostModel.pairs follows the loaded int8 kernel's path (swk_qi_isa 3: AVX-512 VNNI; None: no kernel library)
+    for GGUF blocks with int8 activations."""
+    from types import SimpleNamespace
     from swiftk.runtime.ops import cpu_quant
 
-    def int_isa():
+    def need():
         if isa is None:
             raise SwiftkError("CPU quant kernel unavailable: test")
-        return isa
 
-    monkeypatch.setattr(cpu_quant, "int_isa", int_isa)
+    monkeypatch.setattr(cpu_quant, "_need", need)
+    monkeypatch.setattr(cpu_quant, "_lib", SimpleNamespace(swk_qi_isa=lambda: isa))
     monkeypatch.setattr(eng.model, "weights", "native", raising=False)
     monkeypatch.setattr(eng.model, "activations", "int8", raising=False)
     assert CostModel(eng.model).pairs is pairs

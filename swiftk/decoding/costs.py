@@ -40,7 +40,7 @@ def ema(old: Optional[float], new: float) -> float:
 
 def _pairs_kernel() -> bool:
     try:
-        return cpu_quant.int_isa() == "AVX-512 VNNI"
+        return cpu_quant.pairs_rows()
     except SwiftkError:   # no kernel library: nothing runs in pairs
         return False
 
@@ -59,9 +59,8 @@ class CostModel:
         native = getattr(model, "weights", None) == "native"
         act = getattr(model, "activations", "int8")
         self.slope = 0.004 if gpu else (0.2 if act == "int8" else 0.35) if native else 0.07
-        # AVX-512 VNNI multiplies a pass's activation rows in pairs (kernels/cpu/cpu_qdot.cpp): an odd pass of T >= 3
-        # tokens costs about what T + 1 cost, so it is priced and filed as T + 1 (filed as T - 1, as the nearest
-        # bucket was, it made 4-token passes look as dear as 5-token ones)
+        # where the int8 kernel pairs activation rows, an odd pass costs what the next even one does: priced and
+        # filed as that, it no longer inflates the smaller bucket (cpu_quant.pairs_rows)
         self.pairs = not gpu and native and act == "int8" and _pairs_kernel()
         self.step: Optional[float] = None     # seconds of a plain decode step
         # bucket -> a verify pass of that many tokens, in decode steps: a ratio survives a machine that got

@@ -87,6 +87,13 @@ def int_isa() -> str:
     return {3: "AVX-512 VNNI", 2: "AVX2+VNNI", 1: "AVX2"}.get(int(_lib.swk_qi_isa()), "portable C++")
 
 
+def pairs_rows() -> bool:
+    """True when this build's int8-activation kernel multiplies a pass's activation rows two at a time (AVX-512
+    VNNI, every pass of 2 rows or more): a pass of an odd T >= 3 then costs about what T + 1 costs."""
+    _need()
+    return int(_lib.swk_qi_isa()) == 3
+
+
 def isa() -> int:
     """512, 256 or 0 (portable): the vector path of the loaded build."""
     _need()
