@@ -13,6 +13,11 @@ alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``
 (history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
 fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
 reported, never a losslessness check. Writes bench/results/drafting_<model>_<date>.md and .json.
+
+``--repeat R`` runs every prompt R times, the arms in alternated order, each repetition from fresh learned states
+(history and estimates carried prompt to prompt within it, as in one run), and takes each prompt's median wall
+time per arm: on this project's VMs one run of one answer moves by +-7% (identical work read 0.92-1.14x), so a
+category of two answers needs repetitions before a ratio under 1.0x means anything.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from bench.llamacpp import llamacpp_run
 
 ARMS = ("swiftk-ar", "swiftk", "swiftk-pld", "llamacpp-ar", "llamacpp-pld")
 WORKLOADS = ("humaneval", "mtbench", "edit", "chat", "multiturn")
@@ -41,12 +48,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--weights", default=None, help="swiftk's weight format (default: swiftk's choice, native "
                     "for a quantized GGUF on CPU; float32 for the dequantized path)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every prompt, arms in alternated order, fresh "
+                    "learned states per run; each prompt's median wall time per arm")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
+    if a.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
 
     import swiftk
     from bench.e2e import build_prompts, machine_info
-    from bench.llamacpp import llamacpp_run, load_llamacpp
+    from bench.llamacpp import load_llamacpp
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -73,36 +84,32 @@ def main(argv=None) -> int:
     for llm in peers.values():
         llamacpp_run(llm, warm, 8, eos)
 
+    rows: dict = {}   # (workload, prompt index) -> {arm: [one result per repetition]}
+    for rep in range(a.repeat):
+        order = ARMS if rep % 2 == 0 else ARMS[::-1]
+        for w, items in prompts.items():
+            states = {"swiftk": eng.new_state(), "swiftk-pld": eng.new_state()}
+            for i, it in enumerate(items):
+                got = rows.setdefault((w, i), {})
+                for arm in (x for x in order if x in peers or not x.startswith("llamacpp")):
+                    got.setdefault(arm, []).append(_run_arm(arm, a, it, eng, eng_ar, peers, states, eos))
+                for arm in ("swiftk", "swiftk-pld"):
+                    if got[arm][-1]["tokens"] != got["swiftk-ar"][-1]["tokens"]:
+                        raise SystemExit(f"{arm} differs from swiftk-ar on {it['id']}: not lossless")
+                print(w, it["id"], f"run {rep + 1}/{a.repeat}" if a.repeat > 1 else "",
+                      {k: round(len(v[-1]["tokens"]) / v[-1]["wall_s"], 1) for k, v in got.items()
+                       if "wall_s" in v[-1]}, flush=True)
     runs = []
-    for w, items in prompts.items():
-        states = {"swiftk": eng.new_state(), "swiftk-pld": eng.new_state()}
-        for it in items:
-            row = {"workload": w, "id": it["id"], "category": it["category"], "prompt_tokens": len(it["ids"])}
-            for arm in ARMS:
-                if arm.startswith("llamacpp"):
-                    if arm in peers:
-                        try:
-                            r = llamacpp_run(peers[arm], it["ids"], a.max_new_tokens, eos)
-                        except Exception as e:   # llama-cpp-python's own bug (its prompt lookup overflowing its
-                            # scores buffer): that arm misses this prompt, its ratios use the prompts it ran
-                            row.setdefault("failed", {})[arm] = f"{type(e).__name__}: {e}"[:200]
-                            continue
-                        row[arm] = {"tokens": r["token_ids"], "wall_s": r["wall_time_s"]}
-                    continue
-                kw = ({"method": "autoregressive"} if arm == "swiftk-ar" else
-                      {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
-                e = eng_ar if arm == "swiftk-ar" else eng
-                t = time.perf_counter()
-                r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
-                row[arm] = {"tokens": r.token_ids, "wall_s": time.perf_counter() - t,
-                            "prefill_s": r.stats.time_prefill_s, "search_s": r.stats.time_optimize_s,
-                            "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}
-            for arm in ("swiftk", "swiftk-pld"):
-                if row[arm]["tokens"] != row["swiftk-ar"]["tokens"]:
-                    raise SystemExit(f"{arm} differs from swiftk-ar on {it['id']}: not lossless")
-            runs.append(row)
-            print(w, it["id"], {k: round(len(v["tokens"]) / v["wall_s"], 1) for k, v in row.items() if k in ARMS
-                                if isinstance(v, dict)}, flush=True)
+    for (w, i), got in rows.items():
+        it = prompts[w][i]
+        row = {"workload": w, "id": it["id"], "category": it["category"], "prompt_tokens": len(it["ids"])}
+        for arm, results in got.items():
+            ok = [r for r in results if "wall_s" in r]
+            if len(ok) < len(results):   # an arm that raised in any repetition leaves that prompt out
+                row.setdefault("failed", {})[arm] = next(r["failed"] for r in results if "failed" in r)
+                continue
+            row[arm] = _median_run(ok)
+        runs.append(row)
     summary = aggregate(runs)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(a.out)
@@ -114,6 +121,33 @@ def main(argv=None) -> int:
     (out / f"drafting_{a.model}_{stamp}.md").write_text(markdown(a, meta, summary))
     print(markdown(a, meta, summary))
     return 0
+
+
+def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos) -> dict:
+    """One arm on one prompt: its tokens and times, or {"failed": why} (llama.cpp's own errors)."""
+    if arm.startswith("llamacpp"):
+        try:
+            r = llamacpp_run(peers[arm], it["ids"], a.max_new_tokens, eos)
+        except Exception as e:   # llama-cpp-python's own bug (its prompt lookup overflowing its scores buffer): that
+            # arm misses this prompt, its ratios use the prompts it ran
+            return {"failed": f"{type(e).__name__}: {e}"[:200]}
+        return {"tokens": r["token_ids"], "wall_s": r["wall_time_s"]}
+    kw = ({"method": "autoregressive"} if arm == "swiftk-ar" else
+          {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
+    e = eng_ar if arm == "swiftk-ar" else eng
+    t = time.perf_counter()
+    r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
+    return {"tokens": r.token_ids, "wall_s": time.perf_counter() - t, "prefill_s": r.stats.time_prefill_s,
+            "search_s": r.stats.time_optimize_s,
+            "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}
+
+
+def _median_run(results: list) -> dict:
+    """The repetition with the median wall time (the lower middle one for an even count), all wall times beside."""
+    r = dict(sorted(results, key=lambda x: x["wall_s"])[(len(results) - 1) // 2])
+    if len(results) > 1:
+        r["walls_s"] = [x["wall_s"] for x in results]
+    return r
 
 
 def _rate(rows, arm):
@@ -164,7 +198,8 @@ def markdown(a, meta, summary) -> str:
     lines = [f"# Free drafting: {a.model}, {a.max_new_tokens} new tokens", "",
              f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
              f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}" if a.weights else "")
-             + (f" --skip {a.skip} --skip-mtbench {a.skip_mtbench}" if a.skip or a.skip_mtbench else "") + "`",
+             + (f" --skip {a.skip} --skip-mtbench {a.skip_mtbench}" if a.skip or a.skip_mtbench else "")
+             + (f" --repeat {a.repeat}" if a.repeat > 1 else "") + "`",
              "", f"Machine: {meta['machine']}; swiftk weights: {meta['weights']}; llama.cpp arms: {meta['llamacpp']}",
              "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "
