@@ -48,6 +48,42 @@ def test_propose_continues_greedily_and_reports_buckets():
     assert bucket(1, 0.0) == 0 and bucket(MAX_N, 1.0) == MAX_N * (len(CONF_BINS) + 1) - 1
 
 
+def test_the_compiled_walk_is_the_python_walk():
+    """kernels/cpu/cpu_ngram.cpp against Datastore.walk: random corpora and contexts (ids outside the tables'
+    range, unseen tokens, short contexts), with and without estimates and a floor, tables without 3-grams."""
+    from swiftk.runtime.ops import cpu_linear
+
+    if not cpu_linear.available():
+        pytest.skip(f"no kernel library: {cpu_linear.status()}")
+    rng = np.random.default_rng(1)
+    for trial in range(6):
+        corpus = rng.integers(0, 6 + 4 * trial, 2500).tolist()
+        ds = Datastore.build(corpus, max_n=2 if trial == 5 else MAX_N)
+        assert ds._compiled(), "the compiled walk is not used (the library is loaded)"
+        for _ in range(200):
+            ctx = rng.integers(-1, 30, int(rng.integers(0, 5))).tolist()
+            if rng.random() < 0.1:
+                ctx[-1:] = [1 << 40]   # past the 21-bit ids (and past int32): the chain ends, nothing crashes
+            k = int(rng.integers(0, 12))
+            table = rng.random(12).tolist()
+            for prob, floor in ((None, 0.0), (table.__getitem__, 0.0), (table.__getitem__, float(rng.random()) / 4)):
+                assert ds.propose(ctx, k, prob, floor) == ds.walk(ctx, k, prob, floor), (trial, ctx, k, floor)
+    empty = Datastore.build([1, 2])
+    assert empty.propose([1], 4) == empty.walk([1], 4) == ([], [])
+
+
+def test_the_walk_never_builds_the_kernel_library(monkeypatch):
+    """A corpus source on an engine that never loaded the CPU library (a GPU engine) walks in Python: building the
+    library inside a decode call would stall it for tens of seconds."""
+    from swiftk.runtime.ops import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "_fn", None)
+    monkeypatch.setattr(cpu_linear, "_why", None)
+    monkeypatch.setattr(cpu_linear, "_ensure", lambda: pytest.fail("built or loaded the library"))
+    ds = Datastore.build([1, 2, 3, 4, 9] * 5)
+    assert ds.propose([7, 1, 2], 4) == ([3, 4, 9, 1], ds.walk([7, 1, 2], 4)[1]) and ds._compiled() is False
+
+
 def test_bad_corpus_is_rejected():
     with pytest.raises(SwiftkError, match="token ids"):
         Datastore.build([1, -2, 3])

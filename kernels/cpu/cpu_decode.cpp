@@ -31,6 +31,7 @@
 
 #include "cpu_linear.cpp"
 #include "cpu_topk.cpp"
+#include "cpu_ngram.cpp"
 
 namespace {
 

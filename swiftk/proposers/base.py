@@ -97,6 +97,7 @@ class Estimates:
         self.hits = [weight * p for p in prior]
         self.tries = [float(weight)] * len(prior)
         self.decay = decay
+        self._probs: Optional[list] = None
 
     def __len__(self) -> int:
         return len(self.hits)
@@ -105,7 +106,14 @@ class Estimates:
         i = min(max(int(key), 0), len(self.hits) - 1)
         return self.hits[i] / self.tries[i]
 
+    def probs(self) -> list:
+        """prob(key) for every key, in key order (kept until the next observation: sources read it every round)."""
+        if self._probs is None:
+            self._probs = [h / t for h, t in zip(self.hits, self.tries)]
+        return self._probs
+
     def observe(self, key: int, hit: bool) -> None:
+        self._probs = None
         i = min(max(int(key), 0), len(self.hits) - 1)
         self.hits[i] = self.decay * self.hits[i] + bool(hit)
         self.tries[i] = self.decay * self.tries[i] + 1
@@ -121,7 +129,7 @@ class Estimates:
         if not all(math.isfinite(h) and math.isfinite(t) and 0 <= h <= t < 1e6 and t > 0
                    for h, t in zip(hits, tries)):
             raise SwiftkError("estimates hold counts out of range")
-        self.hits, self.tries = hits, tries
+        self.hits, self.tries, self._probs = hits, tries, None
 
 
 class FreeSource:

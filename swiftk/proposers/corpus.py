@@ -22,7 +22,8 @@ class CorpusNgrams(FreeSource):
         self.ds = datastore
 
     def propose(self, ctx: Context) -> Optional[Chain]:
-        toks, buckets = self.ds.propose(ctx.tokens[-MAX_N:], ctx.k, self.est.prob, ctx.floor)
+        probs = self.est.probs()
+        toks, buckets = self.ds.propose(ctx.tokens[-MAX_N:], ctx.k, floor=ctx.floor, probs=probs)
         if not toks:
             return None
-        return Chain(toks, [self.est.prob(b) for b in buckets], self.name, buckets)
+        return Chain(toks, [probs[b] for b in buckets], self.name, buckets)

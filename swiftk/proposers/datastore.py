@@ -64,6 +64,14 @@ class Datastore:
 
     def __init__(self, tables: dict):
         self.tables = tables   # n -> (keys int64 sorted, next token int64, its count int64, key count int64)
+        self._native: object = None   # the compiled walk (cpu_linear.NgramTables), made on first use; False: none
+
+    def _compiled(self):
+        if self._native is None:
+            from ..runtime.ops.cpu_linear import ngram_tables   # the kernel library, built on first use
+            n = min(MAX_N, len(self.tables))   # the walk's reach (lookup's)
+            self._native = ngram_tables({i: self.tables[i] for i in range(1, n + 1)}, BITS) or False
+        return self._native
 
     @classmethod
     def build(cls, token_ids, max_n: int = MAX_N, min_count: int = MIN_COUNT) -> "Datastore":
@@ -113,11 +121,21 @@ class Datastore:
                 return int(tok[i]), n, float(cnt[i]) / float(tot[i])
         return None
 
-    def propose(self, context: list, k: int, prob=None, floor: float = 0.0) -> tuple:
+    def propose(self, context: list, k: int, prob=None, floor: float = 0.0, probs: Optional[list] = None) -> tuple:
         """Up to ``k`` tokens continuing ``context`` (each the most frequent follower of the longest known suffix),
         and the statistics bucket of each. Empty when the last token was never seen. With ``prob`` (bucket ->
         estimated acceptance) the chain stops before its cumulative estimate falls below ``floor`` (after its first
-        token)."""
+        token); ``probs``: the same as a list per bucket (one call fewer per bucket). Compiled
+        (kernels/cpu/cpu_ngram.cpp) where the kernel library is loaded; :meth:`walk` is its twin."""
+        if prob is not None and probs is None:
+            probs = [prob(b) for b in range(N_BUCKETS)]
+        native = self._compiled() if k <= 64 else None
+        if native:
+            return native.propose(context[-MAX_N:], k, probs, floor)
+        return self.walk(context, k, None if probs is None else probs.__getitem__, floor)
+
+    def walk(self, context: list, k: int, prob=None, floor: float = 0.0) -> tuple:
+        """:meth:`propose` in Python."""
         ctx, toks, buckets = list(context[-MAX_N:]), [], []
         value = 1.0
         for _ in range(k):

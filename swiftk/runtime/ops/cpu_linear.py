@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 
 from swiftk.atomic import write_json_atomic
@@ -39,7 +40,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows", "swk_topk_into", "swk_set_attention_tiles")
+            "swk_topk_rows", "swk_topk_into", "swk_set_attention_tiles", "swk_ngram_propose")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -162,7 +163,8 @@ def open_library(source: str, symbols, includes=(), stem: Optional[str] = None, 
 def _load() -> None:
     global _lib, _why, _fn
     try:
-        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp", "cpu_simd.h"),
+        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp",
+                                                                   "cpu_simd.h"),
                            stem="cpu_linear")
     except KernelUnavailable as e:
         _why = str(e)
@@ -183,6 +185,10 @@ def _load() -> None:
     lib.swk_topk_into.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
     lib.swk_topk_into.restype = ctypes.c_int
+    lib.swk_ngram_propose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+                                      + [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
+                                      + [ctypes.c_void_p] * 2)
+    lib.swk_ngram_propose.restype = ctypes.c_int
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
                                + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
                                + [ctypes.c_void_p, ctypes.c_int])
@@ -294,6 +300,44 @@ def topk_into(x: torch.Tensor, rows: list, table: torch.Tensor, table_rows: list
         return
     if rows:
         table[torch.tensor(table_rows, dtype=torch.long)] = topk_rows(x[rows].float(), k).to(torch.int32).cpu()
+
+
+class NgramTables:
+    """Exact n-gram tables (swiftk/proposers/datastore.py's ``{n: (keys, next, count, key count)}``, int64, sorted
+    keys) as the compiled chain walk reads them: kernels/cpu/cpu_ngram.cpp, the twin of Datastore's Python walk."""
+
+    def __init__(self, tables: dict, bits: int):
+        self.max_n, self.bits = len(tables), bits
+        self.arrays = [np.ascontiguousarray(a, dtype=np.int64) for n in range(1, self.max_n + 1) for a in tables[n]]
+        self.ptrs = (ctypes.c_void_p * len(self.arrays))(*[a.ctypes.data for a in self.arrays])
+        self.lens = (ctypes.c_int64 * self.max_n)(*[len(tables[n][0]) for n in range(1, self.max_n + 1)])
+        self._bufs = threading.local()   # one corpus's tables serve every engine of its tokenizer, on any thread
+
+    def propose(self, ctx: list, k: int, probs: Optional[list], floor: float) -> tuple:
+        """(tokens, buckets) of the chain continuing ``ctx`` (its last max_n tokens), at most k <= 64; ``probs``:
+        the estimate per bucket (at most 64 buckets) or None."""
+        b = self._bufs.__dict__
+        if not b:
+            b.update(tok=(ctypes.c_int64 * 64)(), bucket=(ctypes.c_int32 * 64)(), ctx=(ctypes.c_int64 * 4)(),
+                     prob=(ctypes.c_double * 64)())
+        k, lim, ctx = min(k, 64), 1 << self.bits, ctx[-self.max_n:]
+        b["ctx"][:len(ctx)] = [t if 0 <= t < lim else -1 for t in ctx]   # an id outside the tables ends the chain
+        nb = 0 if probs is None else min(len(probs), 64)
+        if nb:
+            b["prob"][:nb] = probs[:nb]
+        n = _lib.swk_ngram_propose(self.ptrs, self.lens, self.max_n, self.bits, b["ctx"], len(ctx), k,
+                                   None if probs is None else b["prob"], nb, float(floor), b["tok"], b["bucket"])
+        if n < 0:
+            raise SwiftkError(f"ngram tables: kernel rejected max_n={self.max_n}, context of {len(ctx)}, k={k}")
+        return b["tok"][:n], b["bucket"][:n]
+
+
+def ngram_tables(tables: dict, bits: int) -> Optional[NgramTables]:
+    """The compiled walk over ``tables`` where the library is already loaded (and not switched off), else None:
+    never a build inside a decode call (a GPU engine never loads it, and its corpus source walks in Python)."""
+    if not (1 <= len(tables) <= 4 and _enabled and _fn is not None):
+        return None
+    return NgramTables(tables, bits)
 
 
 _fused = True   # set_fused(False): layers run op by op in torch (the A/B of kernels/cpu/cpu_decode.cpp)
