@@ -68,7 +68,7 @@ class Datastore:
 
     def _compiled(self):
         if self._native is None:
-            from ..runtime.ops.cpu_linear import ngram_tables   # the kernel library, built on first use
+            from ..runtime.ops.cpu_linear import ngram_tables   # where the CPU kernel library is already loaded
             n = min(MAX_N, len(self.tables))   # the walk's reach (lookup's)
             self._native = ngram_tables({i: self.tables[i] for i in range(1, n + 1)}, BITS) or False
         return self._native
