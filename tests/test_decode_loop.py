@@ -94,6 +94,8 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
     real_accept = decode_mod.accept_tree
     monkeypatch.setattr(decode_mod, "accept_tree", lambda tree, t, rule=None, g=None: rules.append(rule)
                         or real_accept(tree, t, rule, g))
+    real_nodes = decode_mod.accept_nodes   # coupled sampling's argmax rule on CPU scores, as host values
+    monkeypatch.setattr(decode_mod, "accept_nodes", lambda tree, t: rules.append(None) or real_nodes(tree, t))
     eng.generate(PROMPT, max_new_tokens=12, temperature=0.8, seed=1, sampling="rejection", ngram=False, **ALWAYS)
     assert set(rules) == {"rejection"}                                               # sampling
     rules.clear()
@@ -477,8 +479,8 @@ def test_no_search_where_even_full_acceptance_cannot_pay(eng, verify, draft, sea
 
 
 @pytest.mark.parametrize("auto,call_budget,ahead,runs", [
-    (True, 0.01, 0.0, False),     # the call saved nothing: 1% of its second cannot pay two 10 ms passes
-    (True, 0.01, 0.011, True),    # it saved 11 ms: with the 1% (10 ms) that pays for them
+    (True, 0.01, -0.001, False),  # 1 ms behind: 1% of its second, less that, cannot pay a 10 ms pass
+    (True, 0.01, 0.001, True),    # it saved 1 ms: with the 1% (10 ms) that pays for it
     (True, 0.01, -0.5, False),    # behind plain decoding already
     (True, 1.0, -0.5, True),      # call_budget=1: the whole call may go to the search
     (False, 0.01, -0.5, True),    # speculate="always": only the lifetime budget counts
@@ -534,21 +536,23 @@ def test_a_hopeless_search_is_given_up_and_its_set_never_drafts(monkeypatch, mat
     d = layerskip_mod.LayerSkipDraft(st, costs=Costs())
     monkeypatch.setattr(d, "_can_pay", lambda: True)
 
-    def step(dc, window):   # what a first step reports: the uniform set, then a candidate, at this acceptance
-        o = st.optimizer
-        o.score_initial(matchness / 0.6, matchness)
-        cand, src = o.propose()
-        o.report(cand, matchness, matchness / 0.6, src)
-        return matchness, src, 2
-
-    monkeypatch.setattr(d, "_search_step", step)
+    passes = []   # every matchness pass scores a set at this acceptance
+    monkeypatch.setattr(layerskip_mod, "matchness", lambda *a, **k: passes.append(a[4].clone()) or matchness)
     gate = SimpleNamespace(auto=True, should_draft=lambda: True)
     model = SimpleNamespace(device=torch.device("cpu"))   # no weights: a draft step would fail
     dc = DraftContext(model, None, list(range(40)), None, gate, 4, 8, (), False, decoded=30, elapsed=1.0, ahead=1.0)
+    assert not d.resting(gate, model.device)
+    start = st.optimizer.best.clone()
     assert d.optimize(dc)[0] == "optimize"
+    # the first step scores the starting set alone: one pass, where a hopeless search ends
+    assert len(passes) == 1 and torch.equal(passes[0], start) and st.optimizer.steps == 1
     assert st.optimizer.done == stops
-    if stops:   # the drafter leaves the round before a draft step
+    if stops:   # the drafter leaves the round before a draft step; the loop skips it altogether
         assert d.propose(dc) == [] and d.optimize(dc) == ("accelerate", None)
+        assert d.resting(gate, model.device)
+    else:   # later steps score candidates against it
+        d.optimize(dc)
+        assert len(passes) == 2 and st.optimizer.steps == 2
 
 
 def test_search_budget_follows_what_it_has_found():

@@ -55,6 +55,13 @@ SWIFTK_API int swk_linear(const float* x, int64_t M, int64_t K, const void* w, i
  * else SWK_CPU_ERR_ARG. */
 SWIFTK_API int swk_topk_rows(const float* x, int64_t M, int64_t V, int k, int64_t* out);
 
+/* Greedy acceptance of a verified tree: node i (parents[0] = -1, 0 <= parents[i] < i) is accepted when its parent
+ * was and tokens[i] is the argmax (the order above) of the parent's row of x[N, V]; the deepest accepted node wins,
+ * the lowest index among equally deep ones. Writes path[0 .. L) = root .. deepest and *bonus = the deepest's argmax;
+ * returns L, or -1 on bad arguments (nothing written). */
+SWIFTK_API int64_t swk_greedy_path(const float* x, int64_t N, int64_t V, const int64_t* parents,
+                                   const int64_t* tokens, int64_t* path, int64_t* bonus);
+
 /* Float32 lanes per vector of this build: 16 (AVX-512) or 8 (AVX2). */
 SWIFTK_API int swk_vector_width(void);
 

@@ -133,4 +133,40 @@ int swk_topk_into(const float* x, int64_t N, int64_t V, const int64_t* rows, int
   return 0;
 }
 
+// Greedy acceptance of a verified tree in one call (decoding/acceptance.py's walk, its Python twin): node i (parents
+// in topological order, parents[0] = -1) is accepted when its parent was and tokens[i] is the argmax of the parent's
+// row of x[N, V]; the deepest accepted node wins (the lowest index among equally deep ones). Only accepted nodes'
+// rows are reduced, in the order above: a round that accepts a tokens reads a + 1 rows of the N, where the host
+// walk read them all, then crossed into Python and back three times (~120 us a verify round in the loop, 1-3% of a
+// SmolLM2 round). path[0 .. L) = root .. deepest, *bonus = the deepest's argmax; returns L, or -1 on bad arguments
+// (a parent out of order, N or V < 1; nothing written).
+int64_t swk_greedy_path(const float* x, int64_t N, int64_t V, const int64_t* parents, const int64_t* tokens,
+                        int64_t* path, int64_t* bonus) {
+  if (!x || !parents || !tokens || !path || !bonus || N < 1 || V < 1 || parents[0] != -1) return -1;
+  for (int64_t i = 1; i < N; i++)
+    if (parents[i] < 0 || parents[i] >= i) return -1;
+  int64_t* top = new int64_t[N];
+  int64_t* depth = new int64_t[N];
+  for (int64_t i = 0; i < N; i++) top[i] = depth[i] = -1;
+  auto argmax = [&](int64_t r) {
+    if (top[r] < 0) topk(x, &r, 1, V, 1, &top[r]);
+    return top[r];
+  };
+  depth[0] = 0;
+  int64_t best = 0;
+  for (int64_t i = 1; i < N; i++) {
+    const int64_t p = parents[i];
+    if (depth[p] >= 0 && tokens[i] == argmax(p)) {
+      depth[i] = depth[p] + 1;
+      if (depth[i] > depth[best]) best = i;
+    }
+  }
+  *bonus = argmax(best);
+  const int64_t L = depth[best] + 1;
+  for (int64_t i = best, j = L - 1; j >= 0; i = parents[i], j--) path[j] = i;
+  delete[] top;
+  delete[] depth;
+  return L;
+}
+
 }  // extern "C"

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.runtime.ops.cpu_linear import topk_rows
+from swiftk.runtime.ops.cpu_linear import greedy_path, topk_rows
 from swiftk.decoding.tree import Tree, _check_parents, ancestor_matrix, depths, validate_tree  # noqa: F401
 
 
@@ -210,7 +210,18 @@ def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str
     if draft_probs_rule == "rejection":
         return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
                                generator=generator)
-    n = tree.size
-    if target.device.type == "cpu" and target.dim() == 2 and target.shape[0] == n:   # the host lists: no reads back
-        return _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist(), target.device)
+    if target.device.type == "cpu" and target.dim() == 2 and target.shape[0] == tree.size:
+        nodes, bonus = accept_nodes(tree, target)
+        return torch.tensor(nodes, dtype=torch.long), bonus
     return accept_greedy(tree.parents, tree.tokens, target, anc=tree.mask.ancestors)
+
+
+def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
+    """accept_tree's greedy rule on CPU scores [N, V] as host values (accepted node indices root..last, bonus): the
+    decode loop's form, which makes no tensor. One C call where the CPU library is loaded (it reduces only the rows
+    of accepted nodes), else argmax rows and the host walk."""
+    got = greedy_path(target.contiguous(), tree.host_parents, tree.host_tokens)
+    if got is not None:
+        return got
+    path, bonus = _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist(), "cpu")
+    return path.tolist(), bonus

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .acceptance import accept_tree
+from .acceptance import accept_nodes, accept_tree
 from .costs import SourceBudget
 from ..proposers.base import Context
 from .session import Session
@@ -30,15 +30,16 @@ def speculative_decode(s: Session, drafter, sources: list):
     s.start()
     while not s.done:
         t = s.begin_round()
-        dc = s.draft_context() if drafter is not None else None   # the round's view, for the search and the draft
-        phase, found = drafter.optimize(dc) if drafter is not None else ("accelerate", None)
+        active = None if drafter is None or drafter.resting(gate, s.model.device) else drafter
+        dc = s.draft_context() if active is not None else None   # the round's view, for the search and the draft
+        phase, found = active.optimize(dc) if active is not None else ("accelerate", None)
         if found is not None:
             s.searched(t, found)
         budget.start_round()
         t = time.perf_counter()
         levels, chains = [], []
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
-            levels = drafter.propose(dc) if drafter is not None else []
+            levels = active.propose(dc) if active is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
             chains = [c for src in sources if src.name in budget.on
                       for c in as_chains(budget.timed(src.name, src.propose, ctx))]
@@ -53,7 +54,7 @@ def speculative_decode(s: Session, drafter, sources: list):
             drafter.observe_cost(t_draft / len(levels))
         t = s.timer.add("draft", t)
 
-        if tree is None or tree.size == 1:
+        if tree is None:   # nothing worth verifying
             root = s.tokens[-1]
             logits = s.plain_step(phase)
             learn(budget, learners, [root], logits, [0])
@@ -63,8 +64,7 @@ def speculative_decode(s: Session, drafter, sources: list):
             continue
 
         logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
-        path, bonus = accept(s, tree, logits)
-        nodes = path.tolist()
+        nodes, bonus = accept(s, tree, logits)
         learn(budget, learners, [tree.host_tokens[i] for i in nodes], logits, nodes)
         t_verify = s.timer.add("verify", t) - t
         costs.observe_verify(tree.size, t_verify)
@@ -74,11 +74,11 @@ def speculative_decode(s: Session, drafter, sources: list):
             hits[tree.source[i]] = hits.get(tree.source[i], 0) + hit
         budget.end_round(hits, costs.step or 0.0)
         if gate.probing:
-            gate.probed(path.shape[0] > 1)
+            gate.probed(len(nodes) > 1)
         if levels:   # the round's speed in plain-step units, priced by the cost model
-            gate.drafted(path.shape[0] * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
+            gate.drafted(len(nodes) * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
         t = time.perf_counter()
-        s.commit(tree, path, nodes, bonus, phase, t_draft, t_verify, len(levels))
+        s.commit(tree, nodes, bonus, phase, t_draft, t_verify, len(levels))
         s.timer.add("other", t)
     if drafter is not None:
         drafter.finish(s.stats)
@@ -123,10 +123,13 @@ def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
 
 
 def accept(s: Session, tree, logits) -> tuple:
-    """(accepted path, bonus token): greedy or coupled sampling on the target's scores, or tree rejection
-    sampling (sampling="rejection") against the draft's distributions."""
+    """(accepted nodes root..last as a list, bonus token): greedy or coupled sampling on the target's scores, or
+    tree rejection sampling (sampling="rejection") against the draft's distributions."""
     if s.rejection:
-        return accept_tree(tree, s.sampler.sp.probs(logits), "rejection", s.sampler.generator)
-    if s.sampler.greedy:
-        return accept_tree(tree, logits)
-    return accept_tree(tree, s.sampler.scores(logits, (s.cache.length + 1 + tree.depth).tolist()))
+        path, bonus = accept_tree(tree, s.sampler.sp.probs(logits), "rejection", s.sampler.generator)
+        return path.tolist(), bonus
+    scores = logits if s.sampler.greedy else s.sampler.scores(logits, (s.cache.length + 1 + tree.depth).tolist())
+    if scores.device.type == "cpu":
+        return accept_nodes(tree, scores)
+    path, bonus = accept_tree(tree, scores)
+    return path.tolist(), bonus

@@ -89,11 +89,11 @@ class Session:
         self.costs.observe_step(self._gain)
         return logits
 
-    def commit(self, tree, path, nodes: list, bonus: int, phase: str, t_draft: float, t_verify: float,
+    def commit(self, tree, nodes: list, bonus: int, phase: str, t_draft: float, t_verify: float,
                n_levels: int) -> None:
-        """The accepted path (``nodes``: the same as a list)'s KV into the committed prefix, its tokens and the
+        """The accepted path's (``nodes``: indices root..last) KV into the committed prefix, its tokens and the
         bonus into the sequence."""
-        self.cache.commit(path)
+        self.cache.commit(nodes)
         self.sampler.release(self.cache.length)
         new = [tree.host_tokens[i] for i in nodes[1:]] + [bonus]   # nodes[0] is the old root, already in the sequence
         self.tokens += new

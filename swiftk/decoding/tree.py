@@ -94,7 +94,7 @@ class Tree:
 
 def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *, chains=(),
                calibrate: Callable[[float], float] = lambda p: p,
-               choose_size: Optional[Callable[[list], int]] = None) -> Tree:
+               choose_size: Optional[Callable[[list], int]] = None) -> Optional[Tree]:
     """Lay out root + spine + siblings + the free ``chains`` (in order), keep the best nodes by estimated
     acceptance.
 
@@ -104,7 +104,7 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     (a running minimum), so
     the kept set is closed under ancestors and keeps a prefix of each node's children in draw order -- which
     rejection sampling needs when siblings were drawn without replacement. ``choose_size(sorted values)`` (the
-    speed gate) may keep fewer than ``max_nodes``.
+    speed gate) may keep fewer than ``max_nodes``; None when it keeps no node (or there is none): a plain step.
     """
     n_spine = max(1, len(levels))  # root + levels[j].tokens[0] for every level but the last
     parents, tokens, score, source, prob, key = [-1], [root_token], [0.0], [ROOT], [1.0], [None]
@@ -134,11 +134,8 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     keep_n = min(N, max_nodes)
     if choose_size is not None:
         keep_n = max(1, min(keep_n, choose_size([math.exp(score[i]) for i in order[1:keep_n]]) + 1))
-    if keep_n == 1:   # nothing worth verifying (the loop takes a plain step): the root alone, its tensors shared
-        par, dep, bits, anc = _ROOT_ONLY
-        return Tree(parents=par, tokens=torch.tensor([root_token]), depth=dep, mask=TreeMask(prefix_len, bits, anc),
-                    draft_probs=None, n_spine=1, source=[ROOT], value=[1.0], prob=[1.0], key=[None],
-                    host_parents=[-1], host_tokens=[root_token])
+    if keep_n == 1:   # nothing worth verifying: the loop takes a plain step (a root-only Tree cost ~15 us there)
+        return None
     if keep_n < N:
         keep = sorted(order[:keep_n])
         remap = {old: new for new, old in enumerate(keep)}
@@ -151,9 +148,12 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     anc_bits = []
     for i, p in enumerate(parents):
         anc_bits.append((anc_bits[p] if p >= 0 else 0) | (1 << i))
+    dev = torch.device(device)
     W = (len(parents) + 31) // 32
-    bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
-                        dtype=torch.int32)
+    bits = None   # a small CPU tree's bits only if a kernel asks (TreeMask.packed): the CPU layer loop reads anc
+    if len(parents) > 24 or dev.type != "cpu":
+        bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
+                            dtype=torch.int32)
     if len(parents) <= 24:   # small trees (most rounds): rows copied on the host beat unpacking the bits in torch
         rows = []
         for i, p in enumerate(parents):
@@ -164,7 +164,6 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
     else:
         anc = unpack_tree_mask(bits, len(parents))
     ptd = torch.tensor([parents, tokens, [m.bit_count() - 1 for m in anc_bits]], dtype=torch.long)  # + depth
-    dev = torch.device(device)
     if dev.type != "cpu":
         ptd, anc, bits = ptd.to(dev), anc.to(dev), bits.to(dev)
     draft_probs = None
@@ -177,10 +176,6 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
                 draft_probs=draft_probs, n_spine=n_spine, source=source, value=[math.exp(s) for s in score], prob=prob,
                 key=key, host_parents=parents, host_tokens=tokens)
 
-
-# a root-only tree's parents, depth and mask (never written to): most rounds that find nothing worth verifying
-_ROOT_ONLY = (torch.tensor([-1]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.int32),
-              torch.ones(1, 1, dtype=torch.bool))
 
 
 def _add_chain(parents, tokens, score, source, prob, key, chain: Chain) -> None:

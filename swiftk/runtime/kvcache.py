@@ -34,11 +34,15 @@ class KVCache:
             raise SwiftkError(f"cannot commit {n} more slots after {self._length} (cache of {self.max_slots})")
         self._length += n
 
-    def commit(self, path: torch.Tensor) -> None:
-        """Append the accepted tree path (node indices root..last; node i sits in slot length+i) to the committed
-        prefix: one gather/copy over all layers, skipped when the path is nodes 0..L-1 (already in place: a chain
-        accepted along the first branch laid out, whoever drafted it)."""
-        n, L = self._length, path.shape[0]
-        if not torch.equal(path, torch.arange(L, device=path.device)):
-            self._ops.kv_commit(self.data, n + path, torch.arange(n, n + L, device=path.device))
+    def commit(self, path) -> None:
+        """Append the accepted tree path (node indices root..last, a list or a tensor; node i sits in slot length+i)
+        to the committed prefix: one gather/copy over all layers, skipped when the path is nodes 0..L-1 (already in
+        place: a chain accepted along the first branch laid out, whoever drafted it). The decode loop passes a list:
+        a tensor comparison per round costs ~10 us after a pass has flushed the caches."""
+        n = self._length
+        nodes = path.tolist() if isinstance(path, torch.Tensor) else list(path)
+        L = len(nodes)
+        if nodes != list(range(L)):
+            dev = self.data.device
+            self._ops.kv_commit(self.data, torch.tensor(nodes, device=dev) + n, torch.arange(n, n + L, device=dev))
         self.advance(L)

@@ -19,9 +19,10 @@ from ..base import calibration_bin
 from .search import PAYS
 
 _EXPLORE = 1  # optimization steps at half the budget before what they found sets the search's budget
-# what a finished search must be able to gain before one runs: its first step (two matchness passes over a window)
-# cost 1.6-6.7% of cold calls on CPU blocks, where it found sets at matchness 0.06-0.09 (0.74-0.91 pays) that
-# drafted nothing, and the lightest set gained 2-35% even at the stopping point (GPUs: a pass of 8 ~ one step)
+# what a finished search must be able to gain before one runs: its first step (then two matchness passes over a
+# window; now one) cost 1.6-6.7% of cold calls on CPU blocks, where it found sets at matchness 0.06-0.09 (0.74-0.91
+# pays) that drafted nothing, and the lightest set gained 2-35% even at the stopping point (GPUs: a pass of 8 ~ one
+# step)
 SEARCH_MARGIN = 0.25
 # a speed search whose best set, after its first candidates, accepts under this share of what would pay is given up
 # (and its set never drafted): on CPU blocks every search started at 0.0-0.09 against 0.74-0.91 (SmolLM2,
@@ -44,6 +45,10 @@ class ModelDrafter:
         """A search step where the drafter has one: (the round's phase, None or what the step found for the
         trace: tokens seen, matchness, the candidate's source)."""
         return "accelerate", None
+
+    def resting(self, gate, device) -> bool:
+        """Whether this round would neither search nor draft (the loop then skips the drafter altogether)."""
+        return False
 
     def calibrate(self, p: float) -> float:
         return self.state.calibration.prob(calibration_bin(p))
@@ -101,9 +106,9 @@ class LayerSkipDraft(ModelDrafter):
         cost = self.costs.opt or self.costs.v(W)   # of one search step: within budget of the time decoded so far
         if dc.decoded < W + 1 or st.time_optimize_s + cost > self._budget() * (st.time_decode_s + dc.elapsed):
             return "context", None
-        # never slower than plain decoding: a step (two passes for the first candidates) spends what this call's
-        # drafts saved plus call_budget of its time, so a lump of search never lands on a call that gained nothing
-        if dc.gate.auto and cost * (2 if opt.best_score < 0 else 1) > dc.ahead + st.cfg.call_budget * dc.elapsed:
+        # never slower than plain decoding: a step spends what this call's drafts saved plus call_budget of its
+        # time, so a lump of search never lands on a call that gained nothing
+        if dc.gate.auto and cost > dc.ahead + st.cfg.call_budget * dc.elapsed:
             return "context", None
         m, src, passes = self._search_step(dc, dc.tokens[-W - 1:-1])
         dt = time.perf_counter() - t
@@ -112,6 +117,16 @@ class LayerSkipDraft(ModelDrafter):
         if dc.gate.auto and self._hopeless():   # speculate='always' (the paper's rule) searches on
             opt.finish()
         return "optimize", (st.tokens_seen + dc.decoded, m, src)
+
+    def resting(self, gate, device) -> bool:
+        """No search step can run (none, finished, or unable to pay) and the set is not drafted with: a given-up
+        search on small models over CPU blocks, every round of every later call. Asking costs one memo lookup; the
+        round's view, a search check and a propose cost ~10-15 us in the loop (~0.5% of a SmolLM2 step). Re-judged
+        when the search ends and as the costs move (every 32 observations), as optimize and propose would be."""
+        if self.opt is None or not gate.auto:
+            return False
+        return self._cached("resting", self.opt.done, lambda: (self.opt.done or not self._can_pay())
+                            and not self._may_pay(self.skip(device), gate))
 
     def propose(self, dc) -> list:
         """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
@@ -144,11 +159,12 @@ class LayerSkipDraft(ModelDrafter):
         def match(mask):
             return matchness(dc.model, dc.cache, window, pending, mask.to(dev), head)
 
-        passes = 1
-        if opt.best_score < 0:
+        if opt.best_score < 0:   # the first step scores the starting set alone: where it is hopeless (every CPU
+            # search so far: 0.0-0.09 of the 0.74-0.91 that pays) the search ends after one pass instead of two
             m0 = match(opt.best)
-            opt.score_initial(score(m0, opt.best), m0)
-            passes += 1
+            opt.report(opt.best, m0, score(m0, opt.best), "initial")
+            return m0, "initial", 1
+        passes = 1
         cand, src = opt.propose()
         m = match(cand)
         inc = None

@@ -143,7 +143,8 @@ def _tree_attend_planner(ops, dense: bool):
             return lambda q, kv: ops.attention(q, kv[0, :, :S], kv[1, :, :S], m, scale).reshape(T, -1)
     else:
         def plan(mask, T, scale):
-            return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], mask.prefix_len, mask.bits, scale).reshape(T, -1)
+            bits = mask.packed()
+            return lambda q, kv: ops.tree_attention(q, kv[0], kv[1], mask.prefix_len, bits, scale).reshape(T, -1)
     return plan
 
 

@@ -40,7 +40,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows", "swk_topk_into", "swk_set_attention_tiles", "swk_ngram_propose")
+            "swk_topk_rows", "swk_topk_into", "swk_greedy_path", "swk_set_attention_tiles", "swk_ngram_propose")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -185,6 +185,8 @@ def _load() -> None:
     lib.swk_topk_into.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
     lib.swk_topk_into.restype = ctypes.c_int
+    lib.swk_greedy_path.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 4
+    lib.swk_greedy_path.restype = ctypes.c_int64
     lib.swk_ngram_propose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
                                       + [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
                                       + [ctypes.c_void_p] * 2)
@@ -278,6 +280,22 @@ def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     if _lib.swk_topk_rows(xc.data_ptr(), xc.shape[0], xc.shape[1], k, out.data_ptr()) != 0:
         raise SwiftkError(f"cpu topk: kernel rejected x {tuple(x.shape)}, k={k}")
     return out
+
+
+def greedy_path(x: torch.Tensor, parents: list, tokens: list) -> Optional[tuple]:
+    """(accepted nodes root..last as a list, bonus token) of greedy acceptance on a tree's scores x [N, V]
+    (kernels/cpu/cpu_topk.cpp's swk_greedy_path; twin: decoding/acceptance.py's host walk), or None where the
+    kernel does not apply (not CPU float32 [N, V], library not loaded): the caller walks in Python."""
+    n = len(parents)
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] == n
+            and len(tokens) == n and x.is_contiguous() and active()):
+        return None
+    path, bonus = (ctypes.c_int64 * n)(), ctypes.c_int64()
+    L = _lib.swk_greedy_path(x.data_ptr(), n, x.shape[1], (ctypes.c_int64 * n)(*parents),
+                             (ctypes.c_int64 * n)(*tokens), path, ctypes.byref(bonus))
+    if L < 1:
+        raise SwiftkError(f"greedy_path: kernel rejected a tree of {n} nodes (parents {parents[:8]}...)")
+    return path[:L], bonus.value
 
 
 def topk_into(x: torch.Tensor, rows: list, table: torch.Tensor, table_rows: list) -> None:

@@ -41,11 +41,16 @@ class TreeMask(NamedTuple):
     """Committed slots [0, prefix_len) fully visible; new token i sees new token j iff bit j of row i is set.
 
     ``ancestors`` is the same relation unpacked ([T, T] bool) when the builder has it, so the torch attention
-    path never unpacks the bits again."""
+    path never unpacks the bits again. ``bits`` may be None where ``ancestors`` is given: the CPU layer loop reads
+    the unpacked relation, so a CPU tree packs its bits only if a kernel asks (:meth:`packed`)."""
 
     prefix_len: int
-    bits: torch.Tensor
+    bits: Optional[torch.Tensor]
     ancestors: Optional[torch.Tensor] = None
+
+    def packed(self) -> torch.Tensor:
+        """The bits [T, ceil(T/32)] int32 the tree-attention kernels read."""
+        return self.bits if self.bits is not None else pack_tree_mask(self.ancestors)
 
     @staticmethod
     def causal(prefix_len: int, T: int, device) -> "TreeMask":
