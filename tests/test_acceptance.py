@@ -183,6 +183,30 @@ def test_greedy_matches_naive_on_random_trees_with_many_duplicates():
         assert (path.tolist(), bonus) == naive_greedy(parents, tokens, top), trial
 
 
+@pytest.mark.parametrize("V", [3, 50, 49152])
+def test_greedy_path_kernel_matches_naive_on_random_trees(V):
+    """The loop's CPU acceptance (one call, kernels/cpu/cpu_topk.cpp: it reduces only accepted nodes' rows) against
+    the naive walk over torch.argmax: duplicate siblings, tied scores (lowest index wins), NaN rows (NaN first)."""
+    from swiftk.runtime.ops import cpu_linear
+
+    if not cpu_linear.available():
+        pytest.skip("CPU kernels unavailable on this host")
+    g = gen(12 + V)
+    for trial in range(60 if V > 50 else 200):
+        n = int(torch.randint(1, 30, (1,), generator=g))
+        parents = random_parents(n, g)
+        x = torch.randint(0, 3, (n, V), generator=g).float()   # few values: ties in every row
+        if trial % 7 == 0:
+            x[int(torch.randint(0, n, (1,), generator=g)), int(torch.randint(0, V, (1,), generator=g))] = float("nan")
+        top = x.argmax(dim=-1).tolist()
+        # tokens: each node's parent's argmax half the time, so paths run deep
+        tokens = [top[p] if p >= 0 and bool(torch.rand(1, generator=g) < 0.5) else
+                  int(torch.randint(0, min(V, 3), (1,), generator=g)) for p in parents]
+        assert cpu_linear.greedy_path(x, parents, tokens) == naive_greedy(parents, tokens, top), trial
+    with pytest.raises(SwiftkError, match="greedy_path"):
+        cpu_linear.greedy_path(torch.zeros(3, V), [-1, 2, 0], [0, 0, 0])   # a parent after its child
+
+
 def test_greedy_rejects_bad_shapes():
     with pytest.raises(SwiftkError, match="tokens"):
         accept_greedy(T([-1, 0]), T([1, 2, 3]), T([1, 2]))
