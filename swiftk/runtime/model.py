@@ -76,6 +76,7 @@ class Model(FusedCPULayers):
             if activations not in cpu_quant.ACTIVATIONS:
                 raise SwiftkError(f"activations={activations!r}: use one of {', '.join(cpu_quant.ACTIVATIONS)}")
         self.activations = activations   # None: float activations of the compute dtype
+        self._arithmetic: dict = {}      # arithmetic()'s answers
 
         blocks = any(isinstance(t, BlockWeight) for t in tensors.values())
         if blocks != (weights == "native"):
@@ -186,7 +187,14 @@ class Model(FusedCPULayers):
         return sum(nbytes(t) for _, t in named_weights(self))
 
     def arithmetic(self, short: bool = False) -> str:
-        """Which numerical model runs: the weight storage and the activation arithmetic of its matmuls."""
+        """Which numerical model runs: the weight storage and the activation arithmetic of its matmuls. Kept per
+        (short, weights, activations): every generate reports it, and walking the weights' formats took ~0.5 ms."""
+        key = (short, self.weights, self.activations)
+        if key not in self._arithmetic:
+            self._arithmetic[key] = self._describe(short)
+        return self._arithmetic[key]
+
+    def _describe(self, short: bool) -> str:
         dt = str(self.dtype).replace("torch.", "")
         if self.weights == "native":
             kinds = sorted({f for fs in self.formats().values() for f in fs if f not in ("F32", "F16", "BF16")})
