@@ -64,6 +64,8 @@ def main(argv=None) -> int:
         levels = draft(m, cache, ids[-1], skip.to(dev), sampler, gate, lambda p: p, 0.0, max_draft=a.max_draft,
                        max_spine=budget - 1, topk_bins=GREEDY_TOPK, boundary=f)
         tree = build_tree(ids[-1], levels, P - 1, budget, dev)
+        if tree is None:   # nothing drafted to verify
+            continue
         times = {"plain": [], "kvq": []}
         for r in range(a.repeats + 1):
             for kind in (("plain", "kvq") if r % 2 else ("kvq", "plain")):

@@ -78,7 +78,8 @@ class OptimizerConfig:
                              help="objective=matchness: fraction of sublayers skipped (paper r); speed: the most")
     context_window: int = _opt(32, int, 4, 120, help="generated tokens a candidate's matchness is measured on", advanced=True)
     bayes_interval: int = _opt(25, int, 0, help="a Bayesian-optimization suggestion every this many steps (0: off)", advanced=True)
-    max_opt_steps: int = _opt(1000, int, 0, help="optimization steps at most", advanced=True)
+    max_opt_steps: int = _opt(1000, int, 0, help="optimization steps at most (the first scores the starting set)",
+                              advanced=True)
     patience: int = _opt(300, int, 1, help="stop after this many steps without a better incumbent", advanced=True)
     max_matchness: float = _opt(0.95, float, 0.0, 1.0, lo_open=True, help="... or once the incumbent's exceeds this "
                                 "(objective=speed: an incumbent of the most sublayers allowed)", advanced=True)

@@ -207,6 +207,16 @@ def test_greedy_path_kernel_matches_naive_on_random_trees(V):
         cpu_linear.greedy_path(torch.zeros(3, V), [-1, 2, 0], [0, 0, 0])   # a parent after its child
 
 
+def test_accept_nodes_rejects_scores_of_another_tree():
+    from swiftk.decoding.acceptance import accept_nodes
+    from swiftk.decoding.tree import Chain, build_tree
+
+    tree = build_tree(1, [], 4, 8, "cpu", chains=[Chain([2, 3], [0.9, 0.9], "x")])
+    assert accept_nodes(tree, torch.zeros(3, 5)) == ([0], 0)
+    with pytest.raises(SwiftkError, match="N=3"):
+        accept_nodes(tree, torch.zeros(2, 5))
+
+
 def test_greedy_rejects_bad_shapes():
     with pytest.raises(SwiftkError, match="tokens"):
         accept_greedy(T([-1, 0]), T([1, 2, 3]), T([1, 2]))

@@ -11,6 +11,8 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <new>
+
 namespace {
 
 inline bool before(float a, int64_t ia, float b, int64_t ib) {  // a at ia sorts before b at ib
@@ -139,14 +141,19 @@ int swk_topk_into(const float* x, int64_t N, int64_t V, const int64_t* rows, int
 // rows are reduced, in the order above: a round that accepts a tokens reads a + 1 rows of the N, where the host
 // walk read them all, then crossed into Python and back three times (~120 us a verify round in the loop, 1-3% of a
 // SmolLM2 round). path[0 .. L) = root .. deepest, *bonus = the deepest's argmax; returns L, or -1 on bad arguments
-// (a parent out of order, N or V < 1; nothing written).
+// (a parent out of order, N or V < 1, no memory; nothing written).
 int64_t swk_greedy_path(const float* x, int64_t N, int64_t V, const int64_t* parents, const int64_t* tokens,
                         int64_t* path, int64_t* bonus) {
   if (!x || !parents || !tokens || !path || !bonus || N < 1 || V < 1 || parents[0] != -1) return -1;
   for (int64_t i = 1; i < N; i++)
     if (parents[i] < 0 || parents[i] >= i) return -1;
-  int64_t* top = new int64_t[N];
-  int64_t* depth = new int64_t[N];
+  int64_t* top = new (std::nothrow) int64_t[N];   // no exception may cross the C ABI
+  int64_t* depth = new (std::nothrow) int64_t[N];
+  if (!top || !depth) {
+    delete[] top;
+    delete[] depth;
+    return -1;
+  }
   for (int64_t i = 0; i < N; i++) top[i] = depth[i] = -1;
   auto argmax = [&](int64_t r) {
     if (top[r] < 0) topk(x, &r, 1, V, 1, &top[r]);

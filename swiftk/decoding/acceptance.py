@@ -220,6 +220,8 @@ def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
     """accept_tree's greedy rule on CPU scores [N, V] as host values (accepted node indices root..last, bonus): the
     decode loop's form, which makes no tensor. One C call where the CPU library is loaded (it reduces only the rows
     of accepted nodes), else argmax rows and the host walk."""
+    if target.dim() != 2 or target.shape[0] != tree.size:
+        raise SwiftkError(f"target must be [N={tree.size}, V] scores, got {tuple(target.shape)}")
     got = greedy_path(target.contiguous(), tree.host_parents, tree.host_tokens)
     if got is not None:
         return got

@@ -120,13 +120,12 @@ class LayerSkipDraft(ModelDrafter):
 
     def resting(self, gate, device) -> bool:
         """No search step can run (none, finished, or unable to pay) and the set is not drafted with: a given-up
-        search on small models over CPU blocks, every round of every later call. Asking costs one memo lookup; the
-        round's view, a search check and a propose cost ~10-15 us in the loop (~0.5% of a SmolLM2 step). Re-judged
-        when the search ends and as the costs move (every 32 observations), as optimize and propose would be."""
+        search on small models over CPU blocks, every round of every later call. Asking reads the memos optimize and
+        propose read (so it follows the costs as they do); the round's view, a search check and a propose cost ~10-15
+        us in the loop (~0.5% of a SmolLM2 step)."""
         if self.opt is None or not gate.auto:
             return False
-        return self._cached("resting", self.opt.done, lambda: (self.opt.done or not self._can_pay())
-                            and not self._may_pay(self.skip(device), gate))
+        return (self.opt.done or not self._can_pay()) and not self._may_pay(self.skip(device), gate)
 
     def propose(self, dc) -> list:
         """Draft levels for the round, or [] when the set is not expected to pay or the gate says wait."""
