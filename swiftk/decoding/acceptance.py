@@ -67,7 +67,8 @@ def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Ten
     else:
         raise SwiftkError(f"target must be [N={n}, V] logits/probs or [N] argmax ids, got {tuple(target.shape)}")
     if top.device.type == "cpu":   # a walk over N <= 64 host ints beats a dozen tiny tensor ops (~0.5 ms)
-        return _greedy_walk(parents.tolist(), tokens.tolist(), top.tolist(), parents.device)
+        path, bonus = _greedy_walk(parents.tolist(), tokens.tolist(), top.tolist())
+        return torch.tensor(path, dtype=torch.long, device=parents.device), bonus
     return _greedy_on_device(parents, tokens, top, anc)
 
 
@@ -85,9 +86,10 @@ def _greedy_on_device(parents, tokens, top, anc=None) -> tuple[torch.Tensor, int
     return _path_and_bonus(anc[best], top[best])
 
 
-def _greedy_walk(par: list, tok: list, top: list, device) -> tuple[torch.Tensor, int]:
-    """accept_greedy on host lists: a node is accepted when its parent was and its token is the parent's argmax;
-    the deepest accepted node wins, the lowest index among equally deep ones (as the tensor version)."""
+def _greedy_walk(par: list, tok: list, top: list) -> tuple[list, int]:
+    """accept_greedy on host lists, answered as (accepted nodes root..last, bonus): a node is accepted when its
+    parent was and its token is the parent's argmax; the deepest accepted node wins, the lowest index among equally
+    deep ones (as the tensor version)."""
     ok, depth, best = [True] + [False] * (len(par) - 1), [0] * len(par), 0
     for i in range(1, len(par)):
         p = par[i]
@@ -98,7 +100,7 @@ def _greedy_walk(par: list, tok: list, top: list, device) -> tuple[torch.Tensor,
     path = [best]
     while path[-1] > 0:
         path.append(par[path[-1]])
-    return torch.tensor(path[::-1], dtype=torch.long, device=device), int(top[best])
+    return path[::-1], int(top[best])
 
 
 def accept_sampling_batched(
@@ -225,5 +227,4 @@ def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
     got = greedy_path(target.contiguous(), tree.host_parents, tree.host_tokens)
     if got is not None:
         return got
-    path, bonus = _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist(), "cpu")
-    return path.tolist(), bonus
+    return _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist())

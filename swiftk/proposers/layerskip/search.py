@@ -182,11 +182,6 @@ class SkipSetOptimizer:
         full = self.cfg.objective == "matchness" or int(self.best.sum()) >= self.skip_count
         return full and (self.best_matchness or 0.0) > self.cfg.max_matchness
 
-    def score_initial(self, score: float, matchness: float) -> None:
-        """Record the starting set's score without spending an optimization step on it."""
-        if score > self.best_score:
-            self.best_score, self.best_matchness = float(score), float(matchness)
-
     def wants_incumbent_score(self) -> bool:
         return self.challenger is not None
 
