@@ -143,6 +143,20 @@ def test_threaded_passes_equal_the_definition(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_long_rows_equal_the_definition(name):
+    """Rows of hundreds of blocks (a large model's down projection, K = 12800) on every path: each block's scales
+    are used within that block, so nothing is kept per block of the row (the direct paths once wrote them at the
+    block's index into an array of 8, past its end from 66 blocks on: a segfault at K = 12800)."""
+    K = 400 * 32 if gguf.GGML_QUANT_SIZES[Q[name]][0] == 32 else 50 * 256
+    raw = torch.from_numpy(_blocks(name, 16, K, seed=11))
+    x = _activations(20, K, seed=12)
+    ref = cpu_quant.linear(x, raw, Q[name], K, act="int8", reference=True)
+    for M in (1, 3, 8, 20):
+        got = cpu_quant.linear(x[:M], raw, Q[name], K, act="int8")
+        assert torch.equal(got.view(torch.int32), ref[:M].view(torch.int32)), f"{name} M={M}"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_repack_round_trip(name):
     """Packing permutes the file's bytes (groups of 8 rows; the rows past the last full group stay as they are);
     unpacking any rows gives them back, and the kernel on the packed matrix equals the definition on the file's."""

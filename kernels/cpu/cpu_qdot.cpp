@@ -686,7 +686,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
       x[m] = X.q.data() + (m0 + m) * K + Fmt<T>::BS * b;
       isum[m] = part[m] = zero;
     }
-    unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
+    unpack<T>(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
       const int js = v / VS;   // the scale it falls under (K formats)
       for (int m = 0; m < MT; m++) {
         const iv xb = bc4(x[m] + 4 * v);
@@ -710,7 +710,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
         }
       }
       if (v % 8 == 7) {   // 32 elements done: their float epilogue
-        const int j = Fmt<T>::BS == 32 ? bi : v / 8;
+        const int j = Fmt<T>::BS == 32 ? 0 : v / 8;
         for (int m = 0; m < MT; m++) {
           acc[m] = epilogue<T>(S, j, X, m0 + m, a0 + v / 8, isum[m], acc[m]);
           isum[m] = zero;
@@ -838,7 +838,7 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
       x[m] = qdata(Y) + (m * nq + Fmt<T>::BS / 4 * bi) * 2;
       isum[m] = part[m] = zero;
     }
-    unpack<T>(p + bi * GBT, Fmt<T>::BS == 32 ? bi : 0, S, [&](int v, iv w) {
+    unpack<T>(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
       const zv W = dup2(T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w);
       for (int m = 0; m < MP; m++) part[m] = _mm512_dpbusd_epi32(v % VS ? part[m] : zero, W, bc8(x[m] + 2 * v));
       if (v % VS == VS - 1) {
@@ -850,7 +850,7 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
         }
       }
       if (v % 8 == 7) {
-        const int j = Fmt<T>::BS == 32 ? bi : v / 8;
+        const int j = Fmt<T>::BS == 32 ? 0 : v / 8;
         const ZW z = zweights<T>(S, j);
         for (int m = 0; m < MP; m++) {
           acc[m] = epilogue2<T>(z, Y, m, a0 + v / 8, isum[m], acc[m]);
