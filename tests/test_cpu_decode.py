@@ -236,3 +236,32 @@ def test_bad_passes_are_named(fused_switch):
     with pytest.raises(SwiftkError, match="exceeds the cache"):
         m.forward(torch.tensor([1, 2]), torch.arange(15, 17), torch.arange(15, 17), cache,
                   attn_mask=TreeMask.causal(15, 2, "cpu"))
+
+
+def call_layer_loop(m, table, wtypes, T: int = 2) -> int:
+    """kernels/cpu/cpu_decode.cpp's swk_layers over ``table`` (fused_layer_table's layout) for T causal tokens at
+    slots 0..T-1: its return code (0 ran, -1 refused)."""
+    c = m.cfg
+    n, hd = table.shape[0], c.head_dim
+    fl = torch.zeros(2 * n, dtype=torch.uint8)
+    slots = torch.arange(T, dtype=torch.int64)
+    cos, sin = torch.ones(T, hd // 2), torch.zeros(T, hd // 2)
+    vis = torch.ones(T, T, dtype=torch.uint8).tril().contiguous()
+    h = torch.randn(T, c.hidden_size)
+    return cpu_linear.layers_fn()(n, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
+                                  c.n_kv_heads, hd, c.intermediate_size, c.rms_eps, 1.0, 16, slots.data_ptr(),
+                                  cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1)
+
+
+def test_an_int8_weight_without_its_scales_is_refused():
+    """The layer loop refuses an int8 matrix whose scale entry is null (it would read through a null pointer),
+    and a null matrix, before computing anything."""
+    from swiftk.runtime.weights import fused_layer_table
+
+    m = _model(weights="int8")
+    table, wtypes = fused_layer_table(m.layers, m.new_cache(16))
+    assert int(wtypes[0, 0]) == 2 and call_layer_loop(m, table, wtypes) == 0
+    for col in (2, 1):   # the qkv matrix's scales, then the matrix
+        bad = table.clone()
+        bad[0, col] = 0
+        assert call_layer_loop(m, bad, wtypes) == -1

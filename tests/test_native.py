@@ -216,6 +216,26 @@ def test_native_decoding_is_lossless_and_follows_the_file(files):
     assert i8.generate(prompt, max_new_tokens=40).token_ids == c.token_ids
 
 
+def test_the_layer_loop_checks_block_descriptors(files):
+    """A block matrix's descriptor must cover the layer's rows exactly, in known formats whose blocks divide K: the
+    C layer loop refuses it otherwise before computing anything (it would write past the pass's output, or leave
+    columns unwritten where the block kernel refused a part mid-pass)."""
+    from swiftk.runtime.weights import fused_layer_table
+    from test_cpu_decode import call_layer_loop
+
+    nat, _ = _models(files["mixed"][0], activations="int8")
+    table, wtypes = fused_layer_table(nat.layers, nat.new_cache(16))
+    assert int(wtypes[0, 0]) == 3 and call_layer_loop(nat, table, wtypes) == 0
+    desc = nat.layers[0].wqkv.descriptor
+    last = 3 * int(desc[0])   # the last part's rows
+    for at, delta in ((last, 1), (last, -1), (last - 1, 99 - int(desc[last - 1])), (0, -int(desc[0]))):
+        bad_desc = desc.clone()
+        bad_desc[at] += delta
+        bad = table.clone()
+        bad[0, 1] = bad_desc.data_ptr()
+        assert call_layer_loop(nat, bad, wtypes) == -1, (at, delta)
+
+
 def test_info_reports_formats_and_resident_bytes(files):
     path, block_bytes = files["mixed"]
     info = swiftk.load(str(path), weights="native", persist=False).info()

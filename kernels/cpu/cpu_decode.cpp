@@ -29,6 +29,7 @@
 #define SWK_HAVE_HEADER 1
 #endif
 
+#include "cpu_gguf.h"
 #include "cpu_linear.cpp"
 #include "cpu_topk.cpp"
 #include "cpu_ngram.cpp"
@@ -468,6 +469,27 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     return -1;
   for (int64_t i = 0; i < 4 * n_layers; i++)
     if (wtypes[i] < 0 || wtypes[i] > 3 || (wtypes[i] == 3 && !g_q_linear)) return -1;
+  // each weight's operands (K, N as the layer reads it): an int8 weight needs its scales, a block descriptor parts
+  // whose rows cover N exactly in formats whose blocks divide K (the block kernel's errors are not read mid-pass)
+  const int64_t nqkv = (H + 2 * KV) * hd, wk[4] = {D, H * hd, D, I}, wn[4] = {nqkv, D, 2 * I, D};
+  const int wp[4] = {P_WQKV, P_WO, P_WGU, P_WDOWN}, ws[4] = {P_WQKV_SCALE, P_WO_SCALE, P_WGU_SCALE, P_WDOWN_SCALE};
+  for (int64_t l = 0; l < n_layers; l++)
+    for (int j = 0; j < 4; j++) {
+      const uint64_t* P = table + l * NPTR;
+      const int wt = wtypes[4 * l + j];
+      if (!P[wp[j]] || (wt == 2 && !P[ws[j]])) return -1;
+      if (wt != 3) continue;
+      const int64_t* desc = (const int64_t*)P[wp[j]];
+      int64_t rows = 0;
+      if (desc[0] < 1) return -1;
+      for (int64_t i = 0; i < desc[0]; i++) {
+        const int64_t* d = desc + 1 + 3 * i;
+        const int bs = swk_gguf::block_size((int)(d[1] & ~(int64_t)SWK_Q_INT8_ACT));
+        if (!d[0] || bs < 0 || wk[j] % bs || d[2] < 1 || d[2] > wn[j] - rows) return -1;
+        rows += d[2];
+      }
+      if (rows != wn[j]) return -1;
+    }
   for (int64_t t = 0; t < T; t++) {
     if (slots[t] < 0 || slots[t] >= max_slots) return -1;
     bool any = false;

@@ -11,6 +11,9 @@
 #include <immintrin.h>
 #endif
 
+// a type code with this bit set runs on swk_qi_linear_ld (int8 activations; the fused loop's descriptors)
+#define SWK_Q_INT8_ACT 256
+
 namespace swk_gguf {
 
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };

@@ -626,7 +626,6 @@ extern "C" {
 // kernels/cpu/cpu_qdot.cpp, linked into the same library: the same matmul with int8 activations
 int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                      int64_t ldy);
-#define SWK_Q_INT8_ACT 256   // a type with this bit set runs on swk_qi_linear_ld (the fused loop's descriptors)
 
 // Elements per block of ggml type `type`, or -1 for a type this file does not handle.
 int swk_q_block_size(int type) { return block_size(type); }

@@ -64,11 +64,18 @@ constexpr int MAX_PARTS = 64;
 
 // Each row cut into `parts` slices scanned in parallel, then the slices' top k merged. (value, index) pairs are
 // totally ordered by before(), so the merge keeps exactly the k a single pass keeps, in the same order.
-void topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, int k, int64_t* out, int parts) {
+// Returns false (nothing written) when its buffers cannot be had: no exception may cross the C ABI.
+bool topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, int k, int64_t* out, int parts) {
   const int64_t chunk = ((V + parts - 1) / parts + 7) / 8 * 8;
-  int64_t* ci = new int64_t[M * parts * k];
-  float* cv = new float[M * parts * k];
-  int* cn = new int[M * parts];
+  int64_t* ci = new (std::nothrow) int64_t[M * parts * k];
+  float* cv = new (std::nothrow) float[M * parts * k];
+  int* cn = new (std::nothrow) int[M * parts];
+  if (!ci || !cv || !cn) {
+    delete[] ci;
+    delete[] cv;
+    delete[] cn;
+    return false;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t w = 0; w < M * parts; w++) {
     const int64_t m = w / parts, lo = (w % parts) * chunk, hi = lo + chunk < V ? lo + chunk : V;
@@ -93,6 +100,7 @@ void topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, in
   delete[] ci;
   delete[] cv;
   delete[] cn;
+  return true;
 }
 
 // out[M, k] int64 = indices of the k largest of rows rows[0..M) (all M rows in order when rows is null) of x[., V]
@@ -100,10 +108,7 @@ void topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, in
 void topk(const float* x, const int64_t* rows, int64_t M, int64_t V, int k, int64_t* out) {
   int parts = omp_get_max_threads();
   parts = parts < MAX_PARTS ? parts : MAX_PARTS;
-  if (parts > 1 && V >= PAR_MIN && V / parts >= 8 * k) {
-    topk_parallel(x, rows, M, V, k, out, parts);
-    return;
-  }
+  if (parts > 1 && V >= PAR_MIN && V / parts >= 8 * k && topk_parallel(x, rows, M, V, k, out, parts)) return;
   for (int64_t m = 0; m < M; m++) row_topk(x + (rows ? rows[m] : m) * V, V, k, out + m * k);
 }
 
@@ -120,14 +125,15 @@ int swk_topk_rows(const float* x, int64_t M, int64_t V, int k, int64_t* out) {
 }
 
 // Token Recycling's update in one call: the top k of rows rows[m] of x[N, V] go, as int32, to row table_rows[m] of
-// table[T, k] (m in order: a token read twice keeps its later row). Returns 0, or -1 on bad arguments or an index
-// out of range (nothing written).
+// table[T, k] (m in order: a token read twice keeps its later row). Returns 0, or -1 on bad arguments, an index
+// out of range or no memory (nothing written).
 int swk_topk_into(const float* x, int64_t N, int64_t V, const int64_t* rows, int64_t M, int k, int32_t* table,
                   int64_t T, const int64_t* table_rows) {
   if (!x || !rows || !table || !table_rows || N < 1 || M < 1 || V < 1 || k < 1 || k > 64 || k > V) return -1;
   for (int64_t m = 0; m < M; m++)
     if (rows[m] < 0 || rows[m] >= N || table_rows[m] < 0 || table_rows[m] >= T) return -1;
-  int64_t* out = new int64_t[M * k];
+  int64_t* out = new (std::nothrow) int64_t[M * k];   // no exception may cross the C ABI
+  if (!out) return -1;
   topk(x, rows, M, V, k, out);
   for (int64_t m = 0; m < M; m++)
     for (int j = 0; j < k; j++) table[table_rows[m] * k + j] = int32_t(out[m * k + j]);

@@ -164,7 +164,7 @@ def _load() -> None:
     global _lib, _why, _fn
     try:
         lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp",
-                                                                   "cpu_simd.h"),
+                                                                   "cpu_gguf.h", "cpu_simd.h"),
                            stem="cpu_linear")
     except KernelUnavailable as e:
         _why = str(e)
