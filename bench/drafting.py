@@ -136,7 +136,8 @@ def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos) -> dict:
           {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
     e = eng_ar if arm == "swiftk-ar" else eng
     t = time.perf_counter()
-    r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
+    # each prompt prefilled whole, as llama.cpp's arm does after its reset: repetitions would reuse it otherwise
+    r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, prefix_cache=False, **kw)
     return {"tokens": r.token_ids, "wall_s": time.perf_counter() - t, "prefill_s": r.stats.time_prefill_s,
             "search_s": r.stats.time_optimize_s,
             "by_source": dict(r.stats.accepted_by_source) if arm != "swiftk-ar" else {}}

@@ -242,9 +242,10 @@ def _swiftk_run(eng, ids, max_new, state=None, **gen_kw) -> dict:
     sync(dev)
     t0 = time.perf_counter()
     if state is None:
-        r = eng.generate(ids, max_new_tokens=max_new, **({"method": "autoregressive"} | gen_kw))
-    else:
-        r = eng.generate(ids, max_new_tokens=max_new, state=state[0], **({"method": "swift"} | state[1] | gen_kw))
+        r = eng.generate(ids, max_new_tokens=max_new, prefix_cache=False, **({"method": "autoregressive"} | gen_kw))
+    else:   # prefix_cache=False: every arm prefills its prompt whole (the arms run the same prompts in turn)
+        r = eng.generate(ids, max_new_tokens=max_new, state=state[0], prefix_cache=False,
+                         **({"method": "swift"} | state[1] | gen_kw))
     sync(dev)
     wall = time.perf_counter() - t0
     s = r.stats

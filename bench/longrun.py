@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     for m in a.methods.split(","):
         eng.generate(prompt, max_new_tokens=512, method=m, chat=True)   # warm-up: allocations, learned state
         warm_rss = rss_mb()
-        out = eng.generate(prompt, max_new_tokens=a.tokens, method=m, chat=True)
+        out = eng.generate(prompt, max_new_tokens=a.tokens, method=m, chat=True, prefix_cache=False)
         end = rss_mb()
         n = len(out.token_ids)
         row = {"method": m, "tokens": n, "finish_reason": out.finish_reason, "tokens_per_s": out.stats.tokens_per_s,

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     arms = ("autoregressive", "default", "oracle", "random", "oracle-alone", "random-alone")
     rows = {m: {"tokens": 0, "time": 0.0, "M": [], "rates": []} for m in arms}
     for i, p in enumerate(prompts):
-        ref = eng.generate(p, max_new_tokens=a.max_new_tokens, method="autoregressive")
+        ref = eng.generate(p, max_new_tokens=a.max_new_tokens, method="autoregressive", prefix_cache=False)
         full = ref.prompt_ids + ref.token_ids
         order = arms if i % 2 == 0 else arms[::-1]   # interleaved: drift hits every arm alike
         for m in order:
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             elif m.startswith("random"):
                 kw["proposers"] = [RandomTokens(eng.config.vocab_size, seed=i)]
             t = time.perf_counter()
-            out = eng.generate(p, max_new_tokens=a.max_new_tokens, **kw)
+            out = eng.generate(p, max_new_tokens=a.max_new_tokens, prefix_cache=False, **kw)   # whole prefills
             dt = time.perf_counter() - t
             if out.token_ids != ref.token_ids:
                 raise SystemExit(f"{m}: output differs from autoregressive on prompt {i}")

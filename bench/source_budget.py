@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                 loop.SourceBudget = EveryRound if arm == "every-round" else SourceBudget
                 kw = {"method": "autoregressive"} if arm == "ar" else {"state": states[arm]}
                 t = time.perf_counter()
-                r = eng.generate(it["ids"], max_new_tokens=a.max_new_tokens, **kw)
+                r = eng.generate(it["ids"], max_new_tokens=a.max_new_tokens, prefix_cache=False, **kw)
                 res[arm] = (time.perf_counter() - t, r.token_ids)
             loop.SourceBudget = SourceBudget
             for arm in arms:

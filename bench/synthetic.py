@@ -111,7 +111,7 @@ else:
     out["load_s"] = time.perf_counter() - t0
     out["resident_weight_bytes"] = eng.info()["resident_weight_bytes"]
     eng.generate(prompt, max_new_tokens=2, method="autoregressive")
-    r = eng.generate(prompt, max_new_tokens=tokens, method="autoregressive")
+    r = eng.generate(prompt, max_new_tokens=tokens, method="autoregressive", prefix_cache=False)
     out["tok_s"] = r.stats.tokens_per_s
 out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(out))

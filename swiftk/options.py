@@ -129,6 +129,9 @@ class DecodeConfig:
                            "swiftk/proposers/datastore.py) to the tree where the context has nothing better")
     draft_vocab: int = _opt(8192, int, 0, help="draft logits over this many frequent tokens plus every token of "
                             "the context (proposers.draft_head.DraftHead); 0: the full LM head")
+    prefix_cache: bool = _opt(True, bool, help="reuse the KV cache the engine's previous call left for the part of "
+                              "the prompt it shares (a chat's earlier turns): exact, only the rest is prefilled; "
+                              "False: prefill the whole prompt (benchmarks of fresh prompts)")
     trace: bool = _opt(False, bool, help="keep per-round lists in the stats (accept lengths, tree sizes, phases, "
                        "expected vs measured rates, the search's matchness) for debugging and plots")
     sampling: str = _opt("coupled", str, choices=("coupled", "rejection"),

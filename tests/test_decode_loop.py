@@ -108,7 +108,8 @@ def test_every_decode_option_takes_effect_per_call(eng, monkeypatch):
 def test_bad_decode_option_values_are_rejected_naming_the_option(eng, field):
     bad = {"recycle": "yes", "max_draft": 0, "eps": float("nan"), "max_tree_nodes": 65, "topk_greedy": [[0.5, 0]],
            "topk_sampling": "x", "optimize": "no", "kvq": "no", "speculate": "sometimes", "ngram": 1,
-           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0, "trace": "on"}[field]
+           "sampling": "gumbel", "draft_vocab": -1, "datastore": "yes", "history": 0, "trace": "on",
+           "prefix_cache": "yes"}[field]
     with pytest.raises(SwiftkError, match=field):
         eng.generate(PROMPT, max_new_tokens=4, **{field: bad})
 

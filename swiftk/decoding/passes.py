@@ -7,18 +7,26 @@ import time
 
 import torch
 
+from ..errors import SwiftkError
 from .output import DecodeStats, TokenSink
 from .sampler import Sampler
 
-def prefill(model, cache, prompt_ids: list, sampler: Sampler) -> int:
-    """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache)."""
+def prefill(model, cache, prompt_ids: list, sampler: Sampler, reuse: int = 0) -> int:
+    """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache).
+    ``reuse``: slots [0, reuse) already hold the KV of the prompt's first ``reuse`` tokens (an earlier call's): only
+    the rest is computed. Exact: a row of a pass equals the same token decoded alone (batch invariance)."""
     dev = model.device
     P = len(prompt_ids)
-    cache.reset()
-    ar = torch.arange(P, device=dev)
-    logits = model.forward(torch.tensor(prompt_ids, device=dev), ar, ar, cache,
-                           logits_idx=torch.tensor([P - 1], device=dev))
-    cache.advance(P)
+    if not 0 <= reuse < P:
+        raise SwiftkError(f"can reuse 0 to {P - 1} of a {P}-token prompt's slots, not {reuse}")
+    if reuse:
+        cache.truncate(reuse)
+    else:
+        cache.reset()
+    pos = torch.arange(reuse, P, device=dev)
+    logits = model.forward(torch.tensor(prompt_ids[reuse:], device=dev), pos, pos, cache,
+                           logits_idx=torch.tensor([P - reuse - 1], device=dev))
+    cache.advance(P - reuse)
     return sampler.pick(logits[0], P)
 
 
@@ -67,10 +75,11 @@ def timed_passes(model, cache, T: int = 8, context: int = 256, reps: int = 3) ->
     return best[0], best[1]
 
 
-def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink) -> DecodeStats:
-    """Plain decoding: prefill, then one target forward per token."""
+def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink, reuse: int = 0) -> DecodeStats:
+    """Plain decoding: prefill (the first ``reuse`` slots kept, see :func:`prefill`), then one target forward per
+    token."""
     t = time.perf_counter()
-    tok = prefill(model, cache, prompt_ids, sampler)
+    tok = prefill(model, cache, prompt_ids, sampler, reuse)
     t_prefill = time.perf_counter() - t
     steps = 1
     while not sink.push(tok):

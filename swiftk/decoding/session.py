@@ -19,8 +19,9 @@ from .tree import DRAFT, ROOT
 
 class Session:
     def __init__(self, model, cache, costs: CostModel, gate: Gate, sampler: Sampler, sink: TokenSink, cfg,
-                 prompt_ids: list, source_names=()):
+                 prompt_ids: list, source_names=(), reuse: int = 0):
         self.model, self.cache, self.costs, self.gate = model, cache, costs, gate
+        self.reuse = reuse   # prompt slots whose KV an earlier call left in the cache (passes.prefill)
         self.sampler, self.sink, self.cfg = sampler, sink, cfg
         self.tokens = list(prompt_ids)   # prompt + emitted tokens; once prefilled the last is the pending root
         self.prompt_len = len(prompt_ids)
@@ -68,7 +69,7 @@ class Session:
     def start(self) -> None:
         """Prefill the prompt; the first new token becomes the pending root."""
         t = time.perf_counter()
-        self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler))
+        self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler, self.reuse))
         self.stats.decoding_steps = 1
         self.timer.add("prefill", t)
         self.done = self.sink.push(self.tokens[-1])

@@ -19,6 +19,7 @@ class KVCache:
         self.data = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, max_slots, cfg.head_dim, dtype=dtype, device=device)
         self.max_slots = max_slots
         self._length = 0
+        self.epoch = 0   # bumped by reset(): whoever records what the slots hold can tell they were rewritten since
         self._ops = ops or get_ops(device)
 
     @property
@@ -27,6 +28,13 @@ class KVCache:
 
     def reset(self) -> None:
         self._length = 0
+        self.epoch += 1
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` committed slots (their KV stays valid); the rest become scratch."""
+        if not 0 <= n <= self._length:
+            raise SwiftkError(f"cannot keep {n} of {self._length} committed slots")
+        self._length = n
 
     def advance(self, n: int) -> None:
         """The ``n`` slots past the committed prefix (written in order by a pass) join it."""
