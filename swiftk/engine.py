@@ -23,8 +23,9 @@ from .decoding.costs import CostModel, Gate
 from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .decoding.output import GenerationResult, TokenSink, check_lengths, rate, stream_pieces
+from .decoding.output import GenerationResult, TokenSink, check_lengths, progress_bar, rate, stream_pieces
 from .decoding.passes import autoregressive, full_logits, timed_passes
+from .decoding.prefix import HeldPrefix, check_prefix_cache
 from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, describe
@@ -70,10 +71,9 @@ class Engine(EngineCorpus):
         self.tokenizer = checkpoint.tokenizer
         self.identity = dict(checkpoint.identity)
         decode_kw, opt_kw = split_options(options)
-        # prefix reuse is exact where a prefill's rows equal decoding's bit for bit: the CPU runtime (tested); CUDA's
-        # prefill and decode kernels are not held to that, so it prefills whole there unless asked (then refused)
+        # prefix reuse where it is exact (decoding/prefix.py): on by default on CPU only
         self.decode_config = updated(DecodeConfig(), {"prefix_cache": self.device.type == "cpu", **decode_kw})
-        self._check_prefix_cache(self.decode_config)
+        check_prefix_cache(self.decode_config.prefix_cache, self.device)
         opt_cfg = updated(OptimizerConfig(), opt_kw)
         ctx = self.config.max_position
         if max_context is None:
@@ -105,7 +105,7 @@ class Engine(EngineCorpus):
             self.costs.calibrate(*timed_passes(self.model, self.cache, 8), 8)
         self._lock = threading.RLock()
         self._busy, self._owner = False, None   # a call holds the KV cache (see _own)
-        self._held = None   # (cache epoch, the tokens whose KV fills slots [0, len)) after the last finished call
+        self._held = HeldPrefix()   # what self.cache holds after the last finished call
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
@@ -240,7 +240,7 @@ class Engine(EngineCorpus):
             raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
                               f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
         cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
-        self._check_prefix_cache(cfg)
+        check_prefix_cache(cfg.prefix_cache, self.device)
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
@@ -299,19 +299,11 @@ class Engine(EngineCorpus):
                   proposers, cancel) -> GenerationResult:
         bar, cb = None, callback
         if progress:
-            from tqdm import tqdm   # lazy: only for progress=True
-
-            bar = tqdm(total=max_new_tokens, unit="tok", leave=False)
-
-            def cb(piece, _inner=callback):
-                bar.n = len(sink.ids)
-                bar.refresh()
-                if _inner:
-                    _inner(piece)
+            bar, cb = progress_bar(max_new_tokens, callback, lambda: len(sink.ids))
         sink = TokenSink(self.tokenizer, max_new_tokens, stop, cb, cancel)
         sampler = Sampler(sp, self.device, cfg.sampling)
-        reuse = self._shared_prefix(ids) if cfg.prefix_cache else 0
-        self._held = None   # set again once this call has finished
+        reuse = self._held.shared(self.cache, ids) if cfg.prefix_cache else 0
+        self._held.forget()   # recorded again once this call has finished
         t0 = time.perf_counter()
         try:
             if not m.speculative:
@@ -333,7 +325,7 @@ class Engine(EngineCorpus):
             state.time_decode_s += wall
         stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(ids)
         stats.prompt_reused = reuse
-        self._held = (self.cache.epoch, (list(ids) + list(sink.ids))[:self.cache.length])
+        self._held.record(self.cache, list(ids) + list(sink.ids))
         stats.arithmetic = self.model.arithmetic(short=True)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
         stats.exit_layer = exit_layer
@@ -341,25 +333,6 @@ class Engine(EngineCorpus):
             self._save_persisted()
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
                                 finish_reason=sink.finish_reason, stats=stats)
-
-    def _check_prefix_cache(self, cfg) -> None:
-        if cfg.prefix_cache and self.device.type != "cpu":
-            raise SwiftkError(f"prefix_cache=True needs the CPU runtime: on {self.device.type} a prefill's rows are not "
-                              f"held bit-identical to decoding, so a reused prompt start could change the output")
-
-    def _shared_prefix(self, ids: list) -> int:
-        """How many of the prompt's first tokens still have their KV in the cache from the last finished call (all
-        but the last at most: its pass gives the first new token). None where anything restarted the cache since
-        (a score, a benchmark's passes: ``KVCache.epoch``)."""
-        if self._held is None:
-            return 0
-        epoch, held = self._held
-        if epoch != self.cache.epoch or len(held) > self.cache.length:
-            return 0
-        n, most = 0, min(len(held), len(ids) - 1)
-        while n < most and held[n] == ids[n]:
-            n += 1
-        return n
 
     # ------------------------------------------------------------------ built once per engine
     def resource(self, name, make: Optional[Callable] = None):

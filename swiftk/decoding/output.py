@@ -199,6 +199,21 @@ def rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else math.inf
 
 
+def progress_bar(total: int, callback, count):
+    """(a tqdm bar, a callback that moves it to ``count()`` tokens, then calls ``callback``): progress=True."""
+    from tqdm import tqdm   # lazy: only for progress=True
+
+    bar = tqdm(total=total, unit="tok", leave=False)
+
+    def cb(piece):
+        bar.n = count()
+        bar.refresh()
+        if callback:
+            callback(piece)
+
+    return bar, cb
+
+
 def stream_pieces(generate, prompt, **kw):
     """``generate(prompt, callback=..., _cancel=..., **kw)`` in a worker thread, its text pieces yielded as they
     come; closing the iterator cancels the generation at its next token."""
