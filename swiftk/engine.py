@@ -25,7 +25,7 @@ from .errors import SwiftkError, warn
 from .files import check_output_path
 from .decoding.output import GenerationResult, TokenSink, check_lengths, progress_bar, rate, stream_pieces
 from .decoding.passes import autoregressive, full_logits, timed_passes
-from .decoding.prefix import HeldPrefix, check_prefix_cache
+from .decoding.prefix import HeldPrefix, may_reuse
 from .decoding.sampler import Sampler, SamplingParams
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, describe
@@ -71,9 +71,8 @@ class Engine(EngineCorpus):
         self.tokenizer = checkpoint.tokenizer
         self.identity = dict(checkpoint.identity)
         decode_kw, opt_kw = split_options(options)
-        # prefix reuse where it is exact (decoding/prefix.py): on by default on CPU only
-        self.decode_config = updated(DecodeConfig(), {"prefix_cache": self.device.type == "cpu", **decode_kw})
-        check_prefix_cache(self.decode_config.prefix_cache, self.device)
+        self.decode_config = updated(DecodeConfig(), decode_kw)
+        self._prefix_asked = decode_kw.get("prefix_cache") is True   # reuse asked for, not the default's "where exact"
         opt_cfg = updated(OptimizerConfig(), opt_kw)
         ctx = self.config.max_position
         if max_context is None:
@@ -94,6 +93,7 @@ class Engine(EngineCorpus):
         self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights,
                            activations=activations)
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
+        may_reuse(self.decode_config.prefix_cache, self._prefix_asked, self.model)   # asked where inexact: refused
         self.max_context = max_context
         self.cache = self.model.new_cache(max_context + _SCRATCH)
         if cuda_graphs is None:
@@ -240,7 +240,7 @@ class Engine(EngineCorpus):
             raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
                               f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
         cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
-        check_prefix_cache(cfg.prefix_cache, self.device)
+        reuse_ok = may_reuse(cfg.prefix_cache, self._prefix_asked or decode_kw.get("prefix_cache") is True, self.model)
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
@@ -266,7 +266,7 @@ class Engine(EngineCorpus):
                     self.corpus()
                 state = state if state is not None else self._state_for(m.state_key(fixed))
             return self._generate(ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state,
-                                  cfg, proposers, _cancel)
+                                  cfg, proposers, _cancel, reuse_ok)
 
     @contextlib.contextmanager
     def _own(self):
@@ -296,14 +296,14 @@ class Engine(EngineCorpus):
         return st
 
     def _generate(self, ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state, cfg,
-                  proposers, cancel) -> GenerationResult:
+                  proposers, cancel, reuse_ok: bool) -> GenerationResult:
         bar, cb = None, callback
         if progress:
             bar, cb = progress_bar(max_new_tokens, callback, lambda: len(sink.ids))
         sink = TokenSink(self.tokenizer, max_new_tokens, stop, cb, cancel)
         sampler = Sampler(sp, self.device, cfg.sampling)
-        reuse = self._held.shared(self.cache, ids) if cfg.prefix_cache else 0
-        self._held.forget()   # recorded again once this call has finished
+        reuse = self._held.shared(self.cache, ids) if reuse_ok else 0
+        self._held.forget()   # recorded again once this call has finished, if its passes were exact
         t0 = time.perf_counter()
         try:
             if not m.speculative:
@@ -325,7 +325,8 @@ class Engine(EngineCorpus):
             state.time_decode_s += wall
         stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(ids)
         stats.prompt_reused = reuse
-        self._held.record(self.cache, list(ids) + list(sink.ids))
+        if reuse_ok:
+            self._held.record(self.cache, list(ids) + list(sink.ids))
         stats.arithmetic = self.model.arithmetic(short=True)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
         stats.exit_layer = exit_layer

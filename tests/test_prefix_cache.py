@@ -7,6 +7,7 @@ import torch
 
 import swiftk
 from swiftk.errors import SwiftkError
+from swiftk.runtime.ops import cpu_linear
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,25 @@ def test_a_cache_keeps_only_what_it_holds(engs):
 
 def test_refused_where_a_prefill_is_not_held_to_decoding(engs, monkeypatch):
     """On CUDA a prefill's rows are not held bit-identical to decoding's: asking for reuse there is refused, not
-    ignored (the default there is False)."""
+    ignored; the default (reuse where exact) prefills whole there."""
     eng, _ = engs
-    monkeypatch.setattr(eng, "device", torch.device("cuda"))
-    with pytest.raises(SwiftkError, match="prefix_cache=True needs the CPU runtime"):
+    monkeypatch.setattr(eng.model, "device", torch.device("cuda"))
+    with pytest.raises(SwiftkError, match="prefix_cache=True cannot be exact here: on cuda"):
         eng.generate("hello", max_new_tokens=2, prefix_cache=True)
+
+
+def test_no_reuse_off_the_fused_layer_loop(engs):
+    """Off the CPU's fused layer loop long passes take a GEMM path of their own: the default reuses nothing there
+    (nor records what such a call left), an explicit prefix_cache=True is refused."""
+    eng, _ = engs
+    p = "A list of the planets of the solar system, in order:"
+    try:
+        cpu_linear.set_fused(False)
+        eng.generate(p, max_new_tokens=6, method="autoregressive")
+        assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused == 0
+        with pytest.raises(SwiftkError, match="fused C layer loop"):
+            eng.generate(p, max_new_tokens=6, prefix_cache=True)
+    finally:
+        cpu_linear.set_fused(True)
+    assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused == 0   # nothing recorded
+    assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused > 0

@@ -278,6 +278,19 @@ def test_history_scope_key_keeps_clients_apart(guarded):
     other, h3 = hist("k2")
     assert first == again == other   # lossless whatever drafts
     assert h1 == 0 and h3 == 0 and h2 > 0
+    # nor does one key's request reuse the KV another's (or its own) left: its prefill time would tell
+    r = guarded.client("k1").completions.create(model=NAME, prompt="The history of Rome", max_tokens=4, temperature=0)
+    assert r.model_extra["swiftk"]["prompt_reused"] == 0
+
+
+def test_a_conversations_next_turn_reuses_its_start(live, ref):
+    """In the server's scope a request prefills only where its prompt leaves the previous request's prompt and
+    answer, with the output of a whole prefill."""
+    c = live.client()
+    c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref["text"]
+    assert r.model_extra["swiftk"]["prompt_reused"] == r.usage.prompt_tokens - 1
 
 
 def test_full_queue_gets_429_with_retry_after(guarded):
@@ -325,3 +338,14 @@ def test_sigterm_cancels_in_flight_and_exits(smollm2_path):
     assert "Traceback" not in err, err[-3000:]
     assert len(got) < 2000
     print(f"SIGTERM to exit: {took:.2f} s")
+
+
+def test_key_scope_refuses_prefix_reuse(smollm2_path):
+    """Asking for prefix reuse under history_scope='key' is refused at startup, not ignored."""
+    from swiftk.errors import SwiftkError
+    from swiftk.serve.app import Server
+
+    eng = swiftk.load(str(smollm2_path), persist=False)
+    with pytest.raises(SwiftkError, match="history_scope='key'"):
+        Server(eng, NAME, api_keys=["k"], history_scope="key", options={"prefix_cache": True})
+    assert Server(eng, NAME, api_keys=["k"], history_scope="key").options["prefix_cache"] is False

@@ -1,18 +1,36 @@
 """What the engine's KV cache still holds from its last finished call, so the next prompt's shared start is not
 prefilled again (the ``prefix_cache`` decode option; passes.prefill(reuse=...)).
 
-Exact where a prefill's rows equal decoding's bit for bit, which the CPU runtime is held to (tests/test_cpu_decode.py);
-CUDA's prefill and decode kernels are not, so reuse is refused there.
+Exact only where a prefill's rows equal decoding's bit for bit: the CPU's fused C layer loop, which runs prefills as
+passes of the rows a decode step computes (tests/test_cpu_decode.py). Elsewhere (CUDA; CPU bfloat16, kernels off or
+unbuilt) long passes take GEMM paths of their own, so a reused start could change the output: no reuse there.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from ..errors import SwiftkError
+from ..runtime.ops import cpu_linear
 
 
-def check_prefix_cache(enabled: bool, device) -> None:
-    if enabled and device.type != "cpu":
-        raise SwiftkError(f"prefix_cache=True needs the CPU runtime: on {device.type} a prefill's rows are not held "
-                          f"bit-identical to decoding, so a reused prompt start could change the output")
+def inexact(model) -> Optional[str]:
+    """Why reusing this model's KV across calls could change an output (None: it cannot). Asked at every call: the
+    fused loop can be switched off for the process (cpu_linear.set_fused)."""
+    if model.device.type != "cpu":
+        return f"on {model.device.type} a prefill's rows are not held bit-identical to decoding"
+    if not (model.fused_ok and cpu_linear.fused_active()):
+        return ("this engine's passes do not run the fused C layer loop (CPU float32 with the kernels built and on), "
+                "the only path whose prefill rows equal decoding's bit for bit")
+    return None
+
+
+def may_reuse(enabled: bool, asked: bool, model) -> bool:
+    """Whether a call reuses: ``enabled`` (the option) where it is exact; refused where ``asked`` for explicitly
+    (given to load or generate) but inexact, rather than ignored."""
+    why = inexact(model) if enabled else None
+    if why is not None and asked:
+        raise SwiftkError(f"prefix_cache=True cannot be exact here: {why}")
+    return enabled and why is None
 
 
 class HeldPrefix:

@@ -115,7 +115,8 @@ class Server:
 
     ``history_scope``: "server" shares the engine's learned state (and the session history it drafts from)
     across all requests; "key" keeps one learned state per API key, so no client's output drafts (and speeds up)
-    another key's responses. ``options``: decode options applied to every request (options.DecodeConfig).
+    another key's responses, and prefills every prompt whole (no prefix_cache). ``options``: decode options applied
+    to every request (options.DecodeConfig).
     """
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
@@ -133,9 +134,13 @@ class Server:
         if opt:
             raise SwiftkError(f"{', '.join(sorted(opt))}: optimizer options belong to the engine (swiftk.load)")
         updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
+        if history_scope == "key" and split.get("prefix_cache") is True:
+            raise SwiftkError("prefix_cache=True with history_scope='key': a key's prefill time would show what its "
+                              "prompt shares with another key's conversation")
         self.engine, self.model_name, self.method = engine, model_name, method
         self.api_keys = list(api_keys)
-        self.options = dict(options or {})
+        # key scope: no prompt reuses the KV another key's request left (its speed would tell what they share)
+        self.options = dict(options or {}, **({"prefix_cache": False} if history_scope == "key" else {}))
         self.states = {k: engine.new_state() for k in api_keys} if history_scope == "key" else {}
         self.scheduler = Scheduler(queue_size)
         self.created = int(time.time())
