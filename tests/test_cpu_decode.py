@@ -238,9 +238,10 @@ def test_bad_passes_are_named(fused_switch):
                   attn_mask=TreeMask.causal(15, 2, "cpu"))
 
 
-def call_layer_loop(m, table, wtypes, T: int = 2) -> int:
-    """kernels/cpu/cpu_decode.cpp's swk_layers over ``table`` (fused_layer_table's layout) for T causal tokens at
-    slots 0..T-1: its return code (0 ran, -1 refused)."""
+def call_layer_loop(m, cache, table, wtypes, T: int = 2) -> int:
+    """kernels/cpu/cpu_decode.cpp's swk_layers over ``table`` (fused_layer_table's layout, its KV addresses those of
+    ``cache``, which the caller keeps alive) for T causal tokens at slots 0..T-1: its return code (0 ran, -1
+    refused)."""
     c = m.cfg
     n, hd = table.shape[0], c.head_dim
     fl = torch.zeros(2 * n, dtype=torch.uint8)
@@ -249,8 +250,8 @@ def call_layer_loop(m, table, wtypes, T: int = 2) -> int:
     vis = torch.ones(T, T, dtype=torch.uint8).tril().contiguous()
     h = torch.randn(T, c.hidden_size)
     return cpu_linear.layers_fn()(n, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
-                                  c.n_kv_heads, hd, c.intermediate_size, c.rms_eps, 1.0, 16, slots.data_ptr(),
-                                  cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1)
+                                  c.n_kv_heads, hd, c.intermediate_size, c.rms_eps, 1.0, cache.max_slots,
+                                  slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1)
 
 
 def test_an_int8_weight_without_its_scales_is_refused():
@@ -259,9 +260,10 @@ def test_an_int8_weight_without_its_scales_is_refused():
     from swiftk.runtime.weights import fused_layer_table
 
     m = _model(weights="int8")
-    table, wtypes = fused_layer_table(m.layers, m.new_cache(16))
-    assert int(wtypes[0, 0]) == 2 and call_layer_loop(m, table, wtypes) == 0
+    cache = m.new_cache(16)   # alive while the loop writes it: the table holds its address only
+    table, wtypes = fused_layer_table(m.layers, cache)
+    assert int(wtypes[0, 0]) == 2 and call_layer_loop(m, cache, table, wtypes) == 0
     for col in (2, 1):   # the qkv matrix's scales, then the matrix
         bad = table.clone()
         bad[0, col] = 0
-        assert call_layer_loop(m, bad, wtypes) == -1
+        assert call_layer_loop(m, cache, bad, wtypes) == -1

@@ -224,8 +224,9 @@ def test_the_layer_loop_checks_block_descriptors(files):
     from test_cpu_decode import call_layer_loop
 
     nat, _ = _models(files["mixed"][0], activations="int8")
-    table, wtypes = fused_layer_table(nat.layers, nat.new_cache(16))
-    assert int(wtypes[0, 0]) == 3 and call_layer_loop(nat, table, wtypes) == 0
+    cache = nat.new_cache(16)   # alive while the loop writes it: the table holds its address only
+    table, wtypes = fused_layer_table(nat.layers, cache)
+    assert int(wtypes[0, 0]) == 3 and call_layer_loop(nat, cache, table, wtypes) == 0
     desc = nat.layers[0].wqkv.descriptor
     last = 3 * int(desc[0])   # the last part's rows
     for at, delta in ((last, 1), (last, -1), (last - 1, 99 - int(desc[last - 1])), (0, -int(desc[0]))):
@@ -233,7 +234,7 @@ def test_the_layer_loop_checks_block_descriptors(files):
         bad_desc[at] += delta
         bad = table.clone()
         bad[0, 1] = bad_desc.data_ptr()
-        assert call_layer_loop(nat, bad, wtypes) == -1, (at, delta)
+        assert call_layer_loop(nat, cache, bad, wtypes) == -1, (at, delta)
 
 
 def test_info_reports_formats_and_resident_bytes(files):

@@ -12,7 +12,9 @@ class KVCache:
     """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens, moved only
     by the cache's own methods.
 
-    Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten.
+    Rolling back a rejected draft is just not advancing ``length``: scratch slots past it get overwritten. Whoever
+    rewrites committed slots starts with ``reset()``: the engine's prefix record (decoding/prefix.py) trusts
+    ``epoch`` to tell it the slots it recorded may have changed.
     """
 
     def __init__(self, cfg: ModelConfig, max_slots: int, dtype: torch.dtype, device, ops=None):
