@@ -6,6 +6,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +265,48 @@ def test_vnni_paths_build(tmp_path, march):
         pytest.skip("no objdump to look into the build")
     text = subprocess.run([objdump, "-d", str(so)], capture_output=True, text=True, timeout=120).stdout
     assert "vpdpbusd" in text
+
+
+_OOM_SCRIPT = r"""
+import resource, sys
+import numpy as np, torch
+from swiftk.errors import SwiftkError
+from swiftk.runtime.ops import cpu_quant
+from gguf import GGMLQuantizationType as Q
+import gguf.quants as gq
+
+rng = np.random.default_rng(0)
+small = torch.from_numpy(rng.standard_normal((3, 4096)).astype(np.float32))
+q8 = torch.from_numpy(gq.quantize(rng.standard_normal((8, 4096)).astype(np.float32), Q.Q8_0))
+q4k = torch.from_numpy(rng.integers(0, 64, (8, 4096 // 256 * 144), dtype=np.uint8))   # finite float16 fields
+want = [cpu_quant.linear(small, q8, Q.Q8_0, 4096, act="int8"), cpu_quant.linear(small, q4k, Q.Q4_K, 4096)]
+M, K = 1024, 65536   # the activations (256 MB) exist; the kernels' own copies of them do not fit under the limit
+x = torch.ones(M, K)
+w8 = cpu_quant.repack(torch.from_numpy(gq.quantize(rng.standard_normal((8, K)).astype(np.float32), Q.Q8_0)), Q.Q8_0, K)
+w4 = torch.from_numpy(rng.integers(0, 64, (8, K // 256 * 144), dtype=np.uint8))
+vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (48 << 20), resource.RLIM_INFINITY))
+for call in (lambda: cpu_quant.linear(x, w8, Q.Q8_0, K, act="int8", packed=True),
+             lambda: cpu_quant.linear(x, w4, Q.Q4_K, K)):
+    try:
+        call()
+        print("computed")
+    except SwiftkError as e:
+        print("refused:", e)
+again = [cpu_quant.linear(small, q8, Q.Q8_0, 4096, act="int8"), cpu_quant.linear(small, q4k, Q.Q4_K, 4096)]
+print("same after" if all(torch.equal(a, b) for a, b in zip(want, again)) else "different after")
+"""
+
+
+def test_a_kernel_that_cannot_allocate_says_so(tmp_path):
+    """Under an address-space limit the kernels' activation buffers cannot be allocated: each entry point returns
+    its out-of-memory code (a SwiftkError here) instead of letting std::bad_alloc cross the C ABI (a crash), and the
+    library computes as before once memory is there again. In a child process: the limit is process-wide."""
+    script = tmp_path / "oom.py"
+    script.write_text(_OOM_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[:2] == ["refused: cpu quant linear: out of memory for the kernel's buffers"] * 2, r.stdout
+    assert lines[2] == "same after", r.stdout

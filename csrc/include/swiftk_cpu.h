@@ -30,6 +30,7 @@ extern "C" {
 
 #define SWK_CPU_OK 0
 #define SWK_CPU_ERR_ARG (-1)
+#define SWK_CPU_ERR_NOMEM (-2)   /* swk_layers: a buffer could not be allocated (h and the cache partly written) */
 
 /* Weight types of a matrix W [N, K]. */
 #define SWK_W_FLOAT32 0  /* float32 */
@@ -100,7 +101,8 @@ enum swk_layer_ptr {
  *   vis     [T, S] bytes: token t attends slot s; every row must see at least one slot; 1 <= S <= max_slots
  *           (a decode step at position p in slot p: T = 1, S = p + 1, all ones)
  *   scale   attention scale, usually 1/sqrt(hd); eps the RMSNorm epsilon
- * Returns SWK_CPU_OK, or SWK_CPU_ERR_ARG (bad shape, NULL pointer, slot out of range, a token seeing no slot). */
+ * Returns SWK_CPU_OK, SWK_CPU_ERR_ARG (bad shape, NULL pointer, slot out of range, a token seeing no slot; nothing
+ * computed) or SWK_CPU_ERR_NOMEM. */
 SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
                           int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,

@@ -19,6 +19,7 @@
 
 #include <omp.h>
 
+#include <new>
 #include <vector>
 
 // The public declarations (csrc/include/swiftk_cpu.h), when the build puts csrc/include on the include path
@@ -40,6 +41,7 @@ namespace {
 enum { P_ATTN_NORM, P_WQKV, P_WQKV_SCALE, P_BQKV, P_WO, P_WO_SCALE, P_MLP_NORM, P_WGU, P_WGU_SCALE, P_WDOWN,
        P_WDOWN_SCALE, P_KV, NPTR };
 #ifdef SWK_HAVE_HEADER
+static_assert(SWK_CPU_ERR_NOMEM == -2, "swk_layers' out-of-memory code");
 static_assert((int)P_ATTN_NORM == SWK_P_ATTN_NORM && (int)P_WQKV == SWK_P_WQKV &&
                   (int)P_WQKV_SCALE == SWK_P_WQKV_SCALE && (int)P_BQKV == SWK_P_BQKV && (int)P_WO == SWK_P_WO &&
                   (int)P_WO_SCALE == SWK_P_WO_SCALE && (int)P_MLP_NORM == SWK_P_MLP_NORM &&
@@ -128,11 +130,13 @@ int g_attention_tiles = 1;   // swk_set_attention_tiles: 0 runs every pass on pe
 
 // A block weight's descriptor (int64): n_parts, then (address, ggml type, rows) per part: row groups in their own
 // formats, each writing its columns of y [M, N].
+// swk_layers checked the descriptors, so a part fails only when its kernel cannot allocate: the pass stops there.
+struct BlockKernelFailed {};
 void linear_blocks(const float* x, int64_t M, int64_t K, const int64_t* desc, int64_t N, float* y) {
   int64_t col = 0;
   for (int64_t i = 0; i < desc[0]; i++) {
     const int64_t* p = desc + 1 + 3 * i;
-    g_q_linear(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N);
+    if (g_q_linear(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N) != 0) throw BlockKernelFailed();
     col += p[2];
   }
 }
@@ -459,7 +463,7 @@ extern "C" {
 //          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
 //   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
 //          (every row sees at least one slot, S <= max_slots).
-// Returns 0, or -1 on bad arguments (nothing computed).
+// Returns 0, -1 on bad arguments (nothing computed) or -2 out of memory (h and the cache partly written).
 int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
                int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
                const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S,
@@ -496,96 +500,102 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     for (int64_t s = 0; s < S && !any; s++) any = vis[t * S + s] != 0;
     if (!any) return -1;
   }
-  const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
-  const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
-  std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
-  const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
-  std::vector<float> probs;   // up to 4 heads per work item (attend_heads)
-  // A pass of several tokens on a vector head size: attend_group's items, KV heads x nb blocks of tokens (two
-  // items a thread, <= ~32 rows an item: its probs stay a few MB at long contexts).
-  const int64_t NVh = hd / SWK_W;
-  const bool tiled = g_attention_tiles && T > 1 && hd % SWK_W == 0 && (NVh == 2 || NVh == 4 || NVh == 8 || NVh == 16);
-  const int64_t nb = tiled ? std::min(T, std::max((2 * nthreads + KV - 1) / KV, (T * G + 31) / 32)) : 1;
-  const int64_t rmax = tiled ? (T + nb - 1) / nb * G : 0, per_thread = rmax * (Sp + hd + 2);
-  auto group_fn = NVh == 2 ? attend_group<2> : NVh == 4 ? attend_group<4> : NVh == 8 ? attend_group<8>
-                                                                            : attend_group<16>;
-  std::vector<float> scratch;
-  if (tiled) scratch.resize((size_t)nthreads * per_thread);
-  else probs.resize((size_t)nthreads * 4 * Sp);
-  for (int64_t li = 0; li < n_layers; li++) {
-    const uint64_t* P = table + li * NPTR;
-    const int* wt = wtypes + li * 4;
-    if (!flags[2 * li]) {
-      rmsnorm_rows(h, (const float*)P[P_ATTN_NORM], x.data(), T, D, eps);
-      linear_any(wt[0], x.data(), T, D, (const void*)P[P_WQKV], (const float*)P[P_WQKV_SCALE], NQKV, qkv.data(),
-                 nthreads);
-      float* kv = (float*)P[P_KV];
-      const int64_t plane = KV * max_slots * hd;   // K, then V
-      for (int64_t t = 0; t < T; t++) {
-        float* r = qkv.data() + t * NQKV;
-        if (P[P_BQKV]) {
-          const float* b = (const float*)P[P_BQKV];
-          for (int64_t i = 0; i < NQKV; i++) r[i] += b[i];
+  try {   // every buffer is sized before an OpenMP region: a failed allocation (or a block part's) lands here
+    const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
+    const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
+    std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
+    const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
+    std::vector<float> probs;   // up to 4 heads per work item (attend_heads)
+    // A pass of several tokens on a vector head size: attend_group's items, KV heads x nb blocks of tokens (two
+    // items a thread, <= ~32 rows an item: its probs stay a few MB at long contexts).
+    const int64_t NVh = hd / SWK_W;
+    const bool tiled = g_attention_tiles && T > 1 && hd % SWK_W == 0 && (NVh == 2 || NVh == 4 || NVh == 8 || NVh == 16);
+    const int64_t nb = tiled ? std::min(T, std::max((2 * nthreads + KV - 1) / KV, (T * G + 31) / 32)) : 1;
+    const int64_t rmax = tiled ? (T + nb - 1) / nb * G : 0, per_thread = rmax * (Sp + hd + 2);
+    auto group_fn = NVh == 2 ? attend_group<2> : NVh == 4 ? attend_group<4> : NVh == 8 ? attend_group<8>
+                                                                              : attend_group<16>;
+    std::vector<float> scratch;
+    if (tiled) scratch.resize((size_t)nthreads * per_thread);
+    else probs.resize((size_t)nthreads * 4 * Sp);
+    for (int64_t li = 0; li < n_layers; li++) {
+      const uint64_t* P = table + li * NPTR;
+      const int* wt = wtypes + li * 4;
+      if (!flags[2 * li]) {
+        rmsnorm_rows(h, (const float*)P[P_ATTN_NORM], x.data(), T, D, eps);
+        linear_any(wt[0], x.data(), T, D, (const void*)P[P_WQKV], (const float*)P[P_WQKV_SCALE], NQKV, qkv.data(),
+                   nthreads);
+        float* kv = (float*)P[P_KV];
+        const int64_t plane = KV * max_slots * hd;   // K, then V
+        for (int64_t t = 0; t < T; t++) {
+          float* r = qkv.data() + t * NQKV;
+          if (P[P_BQKV]) {
+            const float* b = (const float*)P[P_BQKV];
+            for (int64_t i = 0; i < NQKV; i++) r[i] += b[i];
+          }
+          rope_row(r, H + KV, hd, cos_t + t * (hd / 2), sin_t + t * (hd / 2));   // q and k heads
+          for (int64_t g = 0; g < KV; g++) {
+            memcpy(kv + (g * max_slots + slots[t]) * hd, r + (H + g) * hd, hd * sizeof(float));
+            memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
+          }
         }
-        rope_row(r, H + KV, hd, cos_t + t * (hd / 2), sin_t + t * (hd / 2));   // q and k heads
-        for (int64_t g = 0; g < KV; g++) {
-          memcpy(kv + (g * max_slots + slots[t]) * hd, r + (H + g) * hd, hd * sizeof(float));
-          memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
+        if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
+  #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
+          for (int64_t j = 0; j < KV * nb; j++) {
+            const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
+            float* w = scratch.data() + (size_t)omp_get_thread_num() * per_thread;
+            float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
+            const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+            group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
+          }
+        } else {
+          // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
+          // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
+          const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
+  #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
+          for (int64_t j = 0; j < work; j++) {
+            const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
+            const int64_t nh = std::min(per, g * G + G - h0);
+            float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
+            const float* q = qkv.data() + t * NQKV + h0 * hd;
+            const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+            float* out = att.data() + (t * H + h0) * hd;
+  #if SWK_W == 16
+            if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+            if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+            if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+  #endif
+            for (int64_t i = 0; i < nh; i++)
+              attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
+          }
         }
+        linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
+                   nthreads);
+        for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
       }
-      if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
-        for (int64_t j = 0; j < KV * nb; j++) {
-          const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
-          float* w = scratch.data() + (size_t)omp_get_thread_num() * per_thread;
-          float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
-          const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
-          group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
+      if (!flags[2 * li + 1]) {
+        rmsnorm_rows(h, (const float*)P[P_MLP_NORM], x.data(), T, D, eps);
+        linear_any(wt[2], x.data(), T, D, (const void*)P[P_WGU], (const float*)P[P_WGU_SCALE], 2 * I, gu.data(),
+                   nthreads);
+        for (int64_t t = 0; t < T; t++) {   // SwiGLU: silu(gate) * up
+          const float* g = gu.data() + t * 2 * I;
+          float* a = act.data() + t * I;
+          int64_t i = 0;
+          for (; i + SWK_W <= I; i += SWK_W) {
+            const vec gv = vld(g + i);
+            const vec e = vexp(vmul(gv, vset1(-1.0f)));
+            vst(a + i, vmul(vdiv(gv, vadd(vset1(1.0f), e)), vld(g + I + i)));
+          }
+          for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[I + i];
         }
-      } else {
-        // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
-        // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
-        const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
-        for (int64_t j = 0; j < work; j++) {
-          const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
-          const int64_t nh = std::min(per, g * G + G - h0);
-          float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
-          const float* q = qkv.data() + t * NQKV + h0 * hd;
-          const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
-          float* out = att.data() + (t * H + h0) * hd;
-#if SWK_W == 16
-          if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-          if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-          if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-#endif
-          for (int64_t i = 0; i < nh; i++)
-            attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
-        }
+        linear_any(wt[3], act.data(), T, I, (const void*)P[P_WDOWN], (const float*)P[P_WDOWN_SCALE], D, o.data(),
+                   nthreads);
+        for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
       }
-      linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
-                 nthreads);
-      for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
     }
-    if (!flags[2 * li + 1]) {
-      rmsnorm_rows(h, (const float*)P[P_MLP_NORM], x.data(), T, D, eps);
-      linear_any(wt[2], x.data(), T, D, (const void*)P[P_WGU], (const float*)P[P_WGU_SCALE], 2 * I, gu.data(),
-                 nthreads);
-      for (int64_t t = 0; t < T; t++) {   // SwiGLU: silu(gate) * up
-        const float* g = gu.data() + t * 2 * I;
-        float* a = act.data() + t * I;
-        int64_t i = 0;
-        for (; i + SWK_W <= I; i += SWK_W) {
-          const vec gv = vld(g + i);
-          const vec e = vexp(vmul(gv, vset1(-1.0f)));
-          vst(a + i, vmul(vdiv(gv, vadd(vset1(1.0f), e)), vld(g + I + i)));
-        }
-        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * g[I + i];
-      }
-      linear_any(wt[3], act.data(), T, I, (const void*)P[P_WDOWN], (const float*)P[P_WDOWN_SCALE], D, o.data(),
-                 nthreads);
-      for (int64_t i = 0; i < T * D; i++) h[i] += o[i];
-    }
+  } catch (const std::bad_alloc&) {
+    return -2;   // SWK_CPU_ERR_NOMEM
+  } catch (const BlockKernelFailed&) {
+    return -2;
   }
   return 0;
 }

@@ -27,9 +27,11 @@
 // r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -966,16 +968,18 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
     }
     return;
   }
+  // each thread's accumulators, allocated here: an exception must not leave an OpenMP region (std::terminate)
+  thread_local std::vector<float> accv;
+  const int64_t per = 2 * M * 8;
+  accv.resize((size_t)(per * omp_get_max_threads()));
 #pragma omp parallel if (nt > 1 && N * K >= 65536)
   {
-    thread_local std::vector<float> accv;
-    accv.resize((size_t)(2 * M * 8));
     Span S[2];
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < nt; t++) {   // a tile: groups 2t and 2t + 1 (the last may be alone)
       const int NG = 2 * t + 1 < ng ? 2 : 1;
       const int64_t n0 = 16 * t;
-      float* acc = accv.data();
+      float* acc = accv.data() + per * omp_get_thread_num();
       memset(acc, 0, sizeof(float) * 8 * NG * M);
       for (int64_t b0 = 0; b0 < nblk; b0 += SPAN) {
         const int nb = (int)(nblk - b0 < SPAN ? nblk - b0 : SPAN);
@@ -992,6 +996,7 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
     }
   }
   if (tail.size() > (1u << 16)) std::vector<uint8_t>().swap(tail);
+  if (accv.size() > (1u << 16)) std::vector<float>().swap(accv);
 }
 #endif
 
@@ -1033,13 +1038,18 @@ int run(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N
   if (bs < 0) return -2;
   if (K % bs) return -3;
   thread_local QX X;   // reused across calls: a decode step allocates nothing
-  quantize(x, M, K, X, !ref);
-  const uint8_t* wb = (const uint8_t*)w;
-  by_type(type, [&](auto t) {
-    constexpr int T = decltype(t)::value;
-    if (ref) linear_ref<T>(X, wb, N, y, ldy);
-    else linear<T>(X, wb, N, y, ldy, false);
-  });
+  try {   // buffers are sized before any OpenMP region, so a failed allocation lands here (no exception crosses C)
+    quantize(x, M, K, X, !ref);
+    const uint8_t* wb = (const uint8_t*)w;
+    by_type(type, [&](auto t) {
+      constexpr int T = decltype(t)::value;
+      if (ref) linear_ref<T>(X, wb, N, y, ldy);
+      else linear<T>(X, wb, N, y, ldy, false);
+    });
+  } catch (const std::bad_alloc&) {
+    X = QX();
+    return -4;
+  }
   if (X.q.size() > (1u << 22)) X = QX();   // a prefill's copy is not kept past its call
   return 0;
 }
@@ -1070,14 +1080,18 @@ int swk_qi_unpack_rows(int type, const void* packed, int64_t N, int64_t K, const
   if (K % bs) return -3;
   for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= N) return -1;
-  return by_type(type, [&](auto t) {
-    unpack_rows<decltype(t)::value>((const uint8_t*)packed, N, K, ids, n, (uint8_t*)out);
-  });
+  try {
+    return by_type(type, [&](auto t) {
+      unpack_rows<decltype(t)::value>((const uint8_t*)packed, N, K, ids, n, (uint8_t*)out);
+    });
+  } catch (const std::bad_alloc&) {
+    return -4;
+  }
 }
 
 // y[M, N] (float32, ldy floats per row) = x[M, K] (float32) @ W^T with x quantized to int8 as the file header says,
 // W = N rows of ggml type `type` packed by swk_qi_repack. Return codes as swk_q_linear_ld (0 done; -1 null pointer
-// or bad size; -2 unknown type; -3 K not a multiple of the block size). Threads: OpenMP's default.
+// or bad size; -2 unknown type; -3 K not a multiple of the block size; -4 out of memory). Threads: OpenMP's default.
 int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                      int64_t ldy) {
   return run(x, M, K, w, type, N, y, ldy, false);
@@ -1093,10 +1107,14 @@ int swk_qi_linear_ref(const float* x, int64_t M, int64_t K, const void* w, int t
 // 0, or -1 on bad arguments (K must be a multiple of 32).
 int swk_qi_quantize(const float* x, int64_t M, int64_t K, int simd, int8_t* q, float* d) {
   if (!x || !q || !d || M < 1 || K < 1 || K % 32) return -1;
-  QX X;
-  quantize(x, M, K, X, simd != 0);
-  memcpy(q, X.q.data(), X.q.size());
-  memcpy(d, X.d.data(), X.d.size() * sizeof(float));
+  try {
+    QX X;
+    quantize(x, M, K, X, simd != 0);
+    memcpy(q, X.q.data(), X.q.size());
+    memcpy(d, X.d.data(), X.d.size() * sizeof(float));
+  } catch (const std::bad_alloc&) {
+    return -4;
+  }
   return 0;
 }
 

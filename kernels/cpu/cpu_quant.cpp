@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -637,7 +638,7 @@ int swk_q_type_size(int type) { return type_size(type); }
 int swk_q_isa(void) { return SWK_ISA; }
 
 // Return codes: 0 done; -1 null pointer or non-positive size; -2 unknown type; -3 n or K not a multiple of the
-// block size. Nothing is written unless 0.
+// block size (nothing written); -4 out of memory (the matmuls: y incomplete).
 
 // out[n] = the n elements (whole blocks) of type `type` at `blocks`, as gguf.quants.dequantize gives them.
 int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
@@ -670,14 +671,18 @@ int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int typ
   if (bs < 0) return -2;
   if (K % bs) return -3;
   const uint8_t* wb = (const uint8_t*)w;
-  switch (type) {
-    case Q4_0: linear<Q4_0>(x, M, K, wb, N, y, ldy); break;
-    case Q4_1: linear<Q4_1>(x, M, K, wb, N, y, ldy); break;
-    case Q5_0: linear<Q5_0>(x, M, K, wb, N, y, ldy); break;
-    case Q8_0: linear<Q8_0>(x, M, K, wb, N, y, ldy); break;
-    case Q4_K: linear<Q4_K>(x, M, K, wb, N, y, ldy); break;
-    case Q5_K: linear<Q5_K>(x, M, K, wb, N, y, ldy); break;
-    case Q6_K: linear<Q6_K>(x, M, K, wb, N, y, ldy); break;
+  try {   // Q4_K's activation buffer is sized before its OpenMP region: a failed allocation lands here
+    switch (type) {
+      case Q4_0: linear<Q4_0>(x, M, K, wb, N, y, ldy); break;
+      case Q4_1: linear<Q4_1>(x, M, K, wb, N, y, ldy); break;
+      case Q5_0: linear<Q5_0>(x, M, K, wb, N, y, ldy); break;
+      case Q8_0: linear<Q8_0>(x, M, K, wb, N, y, ldy); break;
+      case Q4_K: linear<Q4_K>(x, M, K, wb, N, y, ldy); break;
+      case Q5_K: linear<Q5_K>(x, M, K, wb, N, y, ldy); break;
+      case Q6_K: linear<Q6_K>(x, M, K, wb, N, y, ldy); break;
+    }
+  } catch (const std::bad_alloc&) {
+    return -4;
   }
   return 0;
 }

@@ -43,8 +43,9 @@ class FusedCPULayers:
             if fn(b - a, table.data_ptr() + 8 * width * a, wtypes.data_ptr() + 16 * a, fl.data_ptr() + 2 * a, T,
                   c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, self.scale,
                   cache.max_slots, slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), S,
-                  h.data_ptr(), torch.get_num_threads()) != 0:
-                raise SwiftkError(f"cpu decode kernel rejected a pass of {T} tokens over {S} slots")
+                  h.data_ptr(), torch.get_num_threads()) != 0:   # -1 arguments, -2 out of memory
+                raise SwiftkError(f"cpu decode kernel failed a pass of {T} tokens over {S} slots (its arguments "
+                                  "were rejected or its buffers could not be allocated)")
 
         captured = None
         if capture is not None and start <= capture < end:
