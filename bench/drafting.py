@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         raise SystemExit("--repeat must be >= 1")
 
     import swiftk
-    from bench.e2e import build_prompts, machine_info
+    from bench.e2e import build_prompts, machine_info, read_bandwidth
     from bench.llamacpp import load_llamacpp
 
     if a.threads:
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     for llm in peers.values():
         llamacpp_run(llm, warm, 8, eos)
 
+    read_gb_s = [round(read_bandwidth(), 1)]   # the VM's memory mode at the start and the end of the run
     rows: dict = {}   # (workload, prompt index) -> {arm: [one result per repetition]}
     for rep in range(a.repeat):
         order = ARMS if rep % 2 == 0 else ARMS[::-1]
@@ -111,10 +112,12 @@ def main(argv=None) -> int:
             row[arm] = _median_run(ok)
         runs.append(row)
     summary = aggregate(runs)
+    read_gb_s.append(round(read_bandwidth(), 1))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"args": vars(a), "machine": machine_info(eng.device, threads), "gguf": str(gguf),
+    meta = {"args": vars(a), "machine": {**machine_info(eng.device, threads), "read_gb_s": read_gb_s},
+            "gguf": str(gguf),
             "weights": eng.info()["weights"] or "float32",
             "llamacpp": sorted(peers) or why}
     (out / f"drafting_{a.model}_{stamp}.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs}))

@@ -140,6 +140,20 @@ def copy_bandwidth(device, mib: int = 0, repeats: int = 5) -> float:
     return 2 * n * 4 / best
 
 
+def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+    """Host memory read speed in GB/s (a float32 sum over ``mib`` MiB, best of ``repeats``): a decode step streams
+    the weights, so this is its ceiling. Benches record it at their start and end, because a VM's memory speed
+    moves between runs (docs/performance.md) and ratios move with it."""
+    x = torch.ones(mib * 1024 * 1024 // 4, dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
 def first_diff(a, b):
     """Index of the first differing token, or None when equal (a prefix of different length differs at its end)."""
     for i, (x, y) in enumerate(zip(a, b)):
