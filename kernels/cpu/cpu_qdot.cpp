@@ -150,14 +150,22 @@ void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
   X.s.resize(X.d.size());
   X.ds.resize(X.d.size());
   X.s16.resize((size_t)(M * (K / 16)));
-#pragma omp parallel for schedule(static) if (M * K >= (1 << 18))
+#pragma omp parallel for schedule(static) if (M >= 4 && M * K >= (1 << 13))
   for (int64_t m = 0; m < M; m++) {
     for (int64_t b = 0; b < K / 32; b++) {
       const int64_t i = m * (K / 32) + b;
       int8_t* q = X.q.data() + m * K + 32 * b;
       quant_block(x + m * K + 32 * b, 32, q, X.d.data() + i, simd);
       int t0 = 0, t1 = 0;
-      for (int j = 0; j < 16; j++) t0 += q[j], t1 += q[16 + j];
+#if SWI_SIMD
+      if (simd) {   // q + 128 as unsigned bytes, summed 8 at a time (vpsadbw): the same integers, a tenth of the time
+        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)q), _mm256_set1_epi8((char)0x80));
+        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        t0 = (int)(_mm256_extract_epi64(sad, 0) + _mm256_extract_epi64(sad, 1)) - 16 * 128;
+        t1 = (int)(_mm256_extract_epi64(sad, 2) + _mm256_extract_epi64(sad, 3)) - 16 * 128;
+      } else
+#endif
+        for (int j = 0; j < 16; j++) t0 += q[j], t1 += q[16 + j];
       X.s16[2 * i] = (int16_t)t0;
       X.s16[2 * i + 1] = (int16_t)t1;
       X.s[i] = t0 + t1;
@@ -775,11 +783,26 @@ void pair_rows(const QX& X, XP& Y) {
   Y.P = P, Y.K = K;
   Y.q.resize((size_t)(P * nq * 2));
   Y.s.resize((size_t)(P * nb * 2)), Y.s16.resize(Y.s.size()), Y.d.resize(Y.s.size()), Y.ds.resize(Y.s.size());
+  // the two rows' words interleaved 16 at a time: this copy runs on one thread before every pass
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#pragma omp parallel for schedule(static) if (P >= 2 && P * K >= (1 << 12))
+  for (int64_t p = 0; p < P; p++) {
+    const int32_t* qa = (const int32_t*)(X.q.data() + 2 * p * K);   // K is a multiple of 32: whole words
+    const int32_t* qb = (const int32_t*)(X.q.data() + (2 * p + 1 < M ? 2 * p + 1 : M - 1) * K);
+    int32_t* out = Y.q.data() + p * nq * 2;
+    int64_t i = 0;
+    for (; i + 16 <= nq; i += 16) {
+      const __m512i a = _mm512_loadu_si512(qa + i), b = _mm512_loadu_si512(qb + i);
+      _mm512_storeu_si512(out + 2 * i, _mm512_permutex2var_epi32(a, lo, b));
+      _mm512_storeu_si512(out + 2 * i + 16, _mm512_permutex2var_epi32(a, hi, b));
+    }
+    for (; i < nq; i++) out[2 * i] = qa[i], out[2 * i + 1] = qb[i];
+  }
+#pragma omp parallel for schedule(static) if (P >= 2 && P * K >= (1 << 12))
   for (int64_t p = 0; p < P; p++)
     for (int h = 0; h < 2; h++) {
       const int64_t m = 2 * p + h < M ? 2 * p + h : M - 1;
-      const int32_t* q = (const int32_t*)(X.q.data() + m * K);   // K is a multiple of 32: aligned words
-      for (int64_t i = 0; i < nq; i++) Y.q[(p * nq + i) * 2 + h] = q[i];
       for (int64_t i = 0; i < nb; i++) {
         const int64_t o = (p * nb + i) * 2 + h, a = m * nb + i;
         Y.d[o] = X.d[a], Y.s[o] = X.s[a], Y.ds[o] = X.ds[a];
