@@ -128,7 +128,9 @@ int run(const std::string& dir_path, int nthreads) {
   const int64_t slot = pos;
   int rc = swk_layers(L, table.data(), wtypes.data(), flags.data(), 1, D, H, KV, hd, I, eps, scale, S_max, &slot,
                       cos_t.data(), sin_t.data(), vis.data(), pos + 1, h.data(), nthreads);
-  if (rc != SWK_CPU_OK) throw std::runtime_error("swk_layers rejected its arguments");
+  if (rc != SWK_CPU_OK)
+    throw std::runtime_error(rc == SWK_CPU_ERR_NOMEM ? "swk_layers: out of memory"
+                                                     : "swk_layers rejected its arguments");
 
   // Final RMSNorm (as the kernel normalises: h / sqrt(mean(h^2) + eps) * w), then the LM head.
   const std::vector<float> norm = d.floats("norm.bin", D);
