@@ -539,7 +539,7 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           }
         }
         if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
-  #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
           for (int64_t j = 0; j < KV * nb; j++) {
             const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
             float* w = scratch.data() + (size_t)omp_get_thread_num() * per_thread;
@@ -551,7 +551,7 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
           // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
           const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
-  #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
           for (int64_t j = 0; j < work; j++) {
             const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
             const int64_t nh = std::min(per, g * G + G - h0);
@@ -559,11 +559,11 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
             const float* q = qkv.data() + t * NQKV + h0 * hd;
             const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             float* out = att.data() + (t * H + h0) * hd;
-  #if SWK_W == 16
+#if SWK_W == 16
             if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
             if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
             if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-  #endif
+#endif
             for (int64_t i = 0; i < nh; i++)
               attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
           }

@@ -783,13 +783,14 @@ void pair_rows(const QX& X, XP& Y) {
   Y.P = P, Y.K = K;
   Y.q.resize((size_t)(P * nq * 2));
   Y.s.resize((size_t)(P * nb * 2)), Y.s16.resize(Y.s.size()), Y.d.resize(Y.s.size()), Y.ds.resize(Y.s.size());
-  // the two rows' words interleaved 16 at a time: this copy runs on one thread before every pass
+  // the pairs split over the threads; each pair's two rows of words interleaved 16 at a time
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
 #pragma omp parallel for schedule(static) if (P >= 2 && P * K >= (1 << 12))
   for (int64_t p = 0; p < P; p++) {
-    const int32_t* qa = (const int32_t*)(X.q.data() + 2 * p * K);   // K is a multiple of 32: whole words
-    const int32_t* qb = (const int32_t*)(X.q.data() + (2 * p + 1 < M ? 2 * p + 1 : M - 1) * K);
+    const int64_t ma = 2 * p, mb = 2 * p + 1 < M ? 2 * p + 1 : M - 1;   // an odd M's last row paired with itself
+    const int32_t* qa = (const int32_t*)(X.q.data() + ma * K);   // K is a multiple of 32: whole words
+    const int32_t* qb = (const int32_t*)(X.q.data() + mb * K);
     int32_t* out = Y.q.data() + p * nq * 2;
     int64_t i = 0;
     for (; i + 16 <= nq; i += 16) {
@@ -798,17 +799,13 @@ void pair_rows(const QX& X, XP& Y) {
       _mm512_storeu_si512(out + 2 * i + 16, _mm512_permutex2var_epi32(a, hi, b));
     }
     for (; i < nq; i++) out[2 * i] = qa[i], out[2 * i + 1] = qb[i];
-  }
-#pragma omp parallel for schedule(static) if (P >= 2 && P * K >= (1 << 12))
-  for (int64_t p = 0; p < P; p++)
-    for (int h = 0; h < 2; h++) {
-      const int64_t m = 2 * p + h < M ? 2 * p + h : M - 1;
+    for (int h = 0; h < 2; h++)
       for (int64_t i = 0; i < nb; i++) {
-        const int64_t o = (p * nb + i) * 2 + h, a = m * nb + i;
+        const int64_t o = (p * nb + i) * 2 + h, a = (h ? mb : ma) * nb + i;
         Y.d[o] = X.d[a], Y.s[o] = X.s[a], Y.ds[o] = X.ds[a];
         memcpy(&Y.s16[o], X.s16.data() + 2 * a, 4);
       }
-    }
+  }
 }
 
 // The weight side of the float epilogue of 32 elements j, duplicated to 16 lanes once for all pairs.

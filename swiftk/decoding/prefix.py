@@ -44,7 +44,7 @@ class HeldPrefix:
         self._held = None
 
     def record(self, cache, tokens: list) -> None:
-        self._held = (cache.epoch, list(tokens[:cache.length]))
+        self._held = (cache.epoch, tokens[:cache.length])
 
     def shared(self, cache, ids: list) -> int:
         """How many of the prompt's first tokens still have their KV in ``cache``: all but the last at most (its

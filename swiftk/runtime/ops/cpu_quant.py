@@ -29,8 +29,7 @@ _SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_siz
             "swk_qi_unpack_rows")
 ACTIVATIONS = ("int8", "float32")   # the activation arithmetic of a block matmul (act=...)
 INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu/cpu_qdot.cpp
-_ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size",
-           -4: "out of memory"}
+_ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
 
 _lock = threading.Lock()
 _lib = None
@@ -274,7 +273,7 @@ def linear_address() -> int:
 
 
 def _check(rc: int, what: str) -> None:
-    if rc == -4:
+    if rc == -4:   # not an argument's fault
         raise SwiftkError(f"cpu quant {what}: out of memory for the kernel's buffers")
     if rc != 0:
         raise SwiftkError(f"cpu quant {what}: kernel rejected its arguments ({_ERRORS.get(rc, rc)})")
