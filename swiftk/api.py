@@ -1,6 +1,7 @@
 """The thin public API: load an engine, or generate with a cached one."""
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -15,11 +16,12 @@ from .runtime.ops.cpu_quant import ACTIVATIONS
 
 _engines: dict = {}
 _lock = threading.Lock()
-LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "activations", "drafter", "cuda_graphs")
+LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "activations", "drafter", "draft_model",
+                "cuda_graphs")
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         weights=None, activations=None, drafter=None, cuda_graphs=None, **options) -> Engine:
+         weights=None, activations=None, drafter=None, draft_model=None, cuda_graphs=None, **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
@@ -29,13 +31,30 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     ``activations`` (native weights only): "int8" (the default there: activation rows quantized to int8 per block,
     integer dot products, as llama.cpp computes; kernels/cpu/cpu_qdot.cpp) or "float32" (the exact de-quantized model;
     kernels/cpu/cpu_quant.cpp); ``drafter``: a trained MoA drafter file for
-    ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``cuda_graphs``: replay
-    the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see swiftk/runtime/graphs.py)."""
+    ``method="moa"`` (default: found by model name, ``swiftk train-drafter`` writes it); ``draft_model``: a smaller
+    model with the same tokenizer (registry name or path, loaded like the target) that drafts for
+    ``method="draft_model"``, then the default method (qwen2.5-coder-0.5b for qwen2.5-coder-1.5b);
+    ``cuda_graphs``: replay the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see
+    swiftk/runtime/graphs.py)."""
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
     check_device_dtype(dev, dt)
     weights = resolve_weights(weights, dev, dt)
     _check_activations(activations, weights)
+    if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
+        raise SwiftkError(f"draft_model must be a registry name or a path, got {type(draft_model).__name__}")
+    ckpt, w = _checkpoint(model, dt, weights, activations)
+    draft = None if draft_model is None else _checkpoint(draft_model, dt, weights, activations)
+    if draft is not None and draft[1] != w:
+        raise SwiftkError(f"draft_model {draft_model} loads as {draft[1] or 'float32'} weights, the target as "
+                          f"{w or 'float32'}: give both the same kind of file")
+    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=w,
+                  activations=activations, drafter=drafter, draft_model=None if draft is None else draft[0],
+                  cuda_graphs=cuda_graphs, **options)
+
+
+def _checkpoint(model, dt, weights, activations) -> tuple:
+    """(the loaded checkpoint, its weight format) for a registry name or a path."""
     path = resolve_model(model)
     ckpt = load_checkpoint(path, dtype=dt, native="auto" if weights == "auto" else weights == "native",
                            pack=activations in (None, "int8"))
@@ -46,8 +65,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     if activations is not None and weights != "native":
         raise SwiftkError(f"activations={activations!r} applies to GGUF block weights only; {model} loads as float "
                           "weights (not a block-quantized GGUF file, or weights= chose a float format)")
-    return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=weights,
-                  activations=activations, drafter=drafter, cuda_graphs=cuda_graphs, **options)
+    return ckpt, weights
 
 
 def _check_activations(activations, weights) -> None:
@@ -75,13 +93,14 @@ def resolve_weights(weights, device, dtype):
 
 
 def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", weights=None,
-             activations=None, max_context=None, persist=None, drafter=None, cuda_graphs=None, **kw):
+             activations=None, max_context=None, persist=None, drafter=None, draft_model=None, cuda_graphs=None,
+             **kw):
     """``load(model, ...)`` once per process and set of load options, then ``Engine.generate(prompt, **kw)``.
 
     Every ``load`` option is accepted; the engine (and its learned state) is kept per (model, load options), so a
     stream of calls keeps improving the drafts."""
     opts = dict(device=device, dtype=dtype, weights=weights, activations=activations, max_context=max_context,
-                persist=persist, drafter=drafter, cuda_graphs=cuda_graphs)
+                persist=persist, drafter=drafter, draft_model=draft_model, cuda_graphs=cuda_graphs)
     key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS))
     with _lock:
         eng = _engines.get(key)

@@ -16,6 +16,7 @@ from .errors import SwiftkError
 from .files import check_output_path
 from .home import swiftk_home
 from .loading.registry import DEFAULT_MODEL, MODELS, model_info, pull
+from .options import split_options
 
 
 def _common(p):
@@ -48,7 +49,10 @@ def _main(argv) -> int:
     g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
     _common(g)
     g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default="swift", choices=list(methods.names()))
+    g.add_argument("--method", default=None, choices=list(methods.names()),
+                   help="default: swift, or draft_model with --draft-model")
+    g.add_argument("--draft-model", help="a smaller model with the same tokenizer (registry name or path) drafting "
+                   "for the target: method draft_model")
     g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
     g.add_argument("--temperature", "-t", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -104,7 +108,9 @@ def _main(argv) -> int:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-context", type=int, default=None, help="tokens of context (default: the model's, capped)")
     s.add_argument("--served-model-name", help="the model id clients send (default: --model's name)")
-    s.add_argument("--method", default="swift", choices=list(methods.names()))
+    s.add_argument("--method", default=None, choices=list(methods.names()),
+                   help="default: swift, or draft_model with --draft-model")
+    s.add_argument("--draft-model", help="a smaller model with the same tokenizer drafting for the target")
     s.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (repeatable); default: no key needed")
     s.add_argument("--history-scope", default="server", choices=["server", "key"],
@@ -175,10 +181,11 @@ def _generate(a) -> int:
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
     prompt = a.prompt if a.prompt is not None else sys.stdin.read()
-    from .engine import split_options   # lazy: imports torch (see _main)
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
+    # the engine's default, resolved here so the checks below name what will run
+    a.method = a.method or ("draft_model" if a.draft_model else "swift")
     if a.drafter and a.method != "moa":
         raise SwiftkError("--drafter is an option of --method moa")
     # CLI spellings in the messages: the API's own checks would name skip_set=, exit_layer=
@@ -192,7 +199,7 @@ def _generate(a) -> int:
     # a run from a given skip set is a one-off: it must not become the saved state later runs start from
     persist = False if a.skip_set else None
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      drafter=a.drafter, persist=persist, **opt_kw)
+                      drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw)
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -301,7 +308,6 @@ def _serve(a) -> int:
         raise SwiftkError(f"swiftk serve needs {' and '.join(missing)}: pip install -e \".[serve]\"")
     # lazy: the server extra (fastapi, checked just above) and torch, for this subcommand only
     from .serve import serve
-    from .engine import split_options
 
     if not 0 <= a.port <= 65535:
         raise SwiftkError(f"--port must be in [0, 65535], got {a.port}")
@@ -311,7 +317,7 @@ def _serve(a) -> int:
         raise SwiftkError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      max_context=a.max_context, **opt_kw)
+                      max_context=a.max_context, draft_model=a.draft_model, **opt_kw)
     name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
     print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
           file=sys.stderr, flush=True)

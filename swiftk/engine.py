@@ -18,7 +18,7 @@ import torch
 
 from . import methods
 from .runtime import skipset
-from .options import DecodeConfig, OptimizerConfig, option_names, updated
+from .options import DecodeConfig, OptimizerConfig, option_names, split_options, updated
 from .decoding.costs import CostModel, Gate
 from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
@@ -32,6 +32,7 @@ from .runtime.ops import cpu_linear, describe
 from .proposers import FREE, free_sources
 from .proposers.datastore import EngineCorpus
 from .proposers.draft_head import engine_draft_head
+from .proposers.draft_model import load_draft_model
 from .proposers.user import check_proposers
 from .decoding.session import Session
 from .decoding.state import LearnedState, load_persisted, state_file
@@ -43,27 +44,19 @@ _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
 
 
-def split_options(kw: dict) -> tuple:
-    """(decode options, optimizer options); unknown names raise."""
-    unknown = set(kw) - _DECODE_OPTS - _OPT_OPTS
-    if unknown:
-        raise SwiftkError(f"unknown option(s): {', '.join(sorted(unknown))}; decode options: "
-                          f"{', '.join(sorted(_DECODE_OPTS))}; optimizer options: {', '.join(sorted(_OPT_OPTS))}")
-    return ({k: v for k, v in kw.items() if k in _DECODE_OPTS}, {k: v for k, v in kw.items() if k in _OPT_OPTS})
-
-
 class Engine(EngineCorpus):
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
-                 drafter=None,
+                 drafter=None, draft_model=None,
                  cuda_graphs: Optional[bool] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
         ``weights``: None, "native" (blocks: load_checkpoint(native=True)), "bfloat16" or "int8"; ``activations``:
         None, "int8" or "float32" for native weights (see :class:`Model`).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
-        ``method="moa"`` (experimental; default: found by model name). ``cuda_graphs``: None (on for a CUDA
-        device, unless SWIFTK_CUDA_GRAPHS=0), True (CUDA only) or False."""
+        ``method="moa"`` (experimental; default: found by model name). ``draft_model``: the checkpoint of a smaller
+        model with the same tokenizer, loaded with the same options, drafting for ``method="draft_model"`` (then
+        the default method). ``cuda_graphs``: None (on for CUDA unless SWIFTK_CUDA_GRAPHS=0), True or False."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         check_device_dtype(self.device, self.dtype)
@@ -113,6 +106,8 @@ class Engine(EngineCorpus):
         self._states: dict = {}      # the other methods' learned states (fixed drafts learn their own)
         self._resources: dict = {}   # built once per engine: draft head, corpus tables, trained drafter
         self.drafter_file = drafter  # a trained MoA drafter (method="moa")
+        if draft_model is not None:   # its vocabulary checked against ours, its cache beside ours
+            self.set_resource("draft_model", load_draft_model(self, draft_model, weights, activations))
         self._corpus_job = None      # the corpus tables' build (corpus()), started below when drafts use them
         if self.decode_config.datastore:
             self._start_corpus()
@@ -123,6 +118,11 @@ class Engine(EngineCorpus):
             methods.get("moa").prepare(self, self.decode_config)
         if self.persist:
             self._load_persisted(opt_cfg if opt_kw else None)
+
+    @property
+    def default_method(self) -> str:
+        """generate's method when none is named: "draft_model" on an engine loaded with one, else "swift"."""
+        return "draft_model" if self.resource("draft_model") is not None else "swift"
 
     # ------------------------------------------------------------------ the learned state
     @property
@@ -215,7 +215,7 @@ class Engine(EngineCorpus):
             raise SwiftkError("prompt is empty")
         return ids
 
-    def generate(self, prompt, max_new_tokens: int = 128, method: str = "swift", temperature: float = 0.0,
+    def generate(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
                  chat: bool = False, callback: Optional[Callable[[str], None]] = None,
                  progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
@@ -223,17 +223,17 @@ class Engine(EngineCorpus):
                  _cancel: Optional[threading.Event] = None, **options) -> GenerationResult:
         """Generate a continuation; greedy when temperature == 0.
 
-        ``method``: one of ``swiftk.methods.names()``: "swift" (default), "autoregressive" (the reference: reads
-        and writes no learned state), "early_exit" (``exit_layer=E``), "static" (``skip_set=``), "ngram" (free
-        drafts only), "moa" (experimental). ``skip_set``: a JSON path, a dict {"attention": [...], "mlp": [...]}
-        or a bool tensor [2L]. ``state``: the learned state to use and update (default: the engine's, per
-        method). ``proposers``: your own draft sources, objects with ``propose(tokens) -> list[int]``, priced and
-        gated like the built-in free drafts; ``callback(piece)`` gets the text as it comes (an exception it raises
-        ends the call and propagates unchanged). ``options``: decode options (options.DecodeConfig) for this call.
-        Seeded sampling gives the same tokens for the same (model, dtype, device, prompt, sampling options, seed)
-        whatever the method or learned state (coupled sampling).
+        ``method``: one of ``swiftk.methods.names()``: "swift" (the default; "draft_model" on an engine loaded with a
+        draft model), "autoregressive" (the reference: reads and writes no learned state), "early_exit"
+        (``exit_layer=E``), "static" (``skip_set=``), "ngram" (free drafts only), "moa" (experimental). ``skip_set``: a
+        JSON path, a dict {"attention": [...], "mlp": [...]} or a bool tensor [2L]. ``state``: the learned state to use
+        and update (default: the engine's, per method). ``proposers``: your own draft sources, objects with
+        ``propose(tokens) -> list[int]``, priced and gated like the built-in free drafts; ``callback(piece)`` gets the
+        text as it comes (an exception it raises ends the call and propagates unchanged). ``options``: decode options
+        (options.DecodeConfig) for this call. Seeded sampling gives the same tokens for the same (model, dtype, device,
+        prompt, sampling options, seed) whatever the method or learned state (coupled sampling).
         """
-        m = methods.get(method)
+        m = methods.get(self.default_method if method is None else method)
         decode_kw, opt_kw = split_options(options)
         if opt_kw:
             k = sorted(opt_kw)[0]
@@ -390,6 +390,7 @@ class Engine(EngineCorpus):
                                "(longer causal prefills in passes of that size)"
                                if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
+                "draft_model": getattr(self.resource("draft_model"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,
                 "decode_config": {k: getattr(self.decode_config, k) for k in sorted(_DECODE_OPTS)},
                 "optimizer_config": {k: getattr(self.state.cfg, k) for k in sorted(_OPT_OPTS)},

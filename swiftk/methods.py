@@ -12,6 +12,7 @@ import torch
 
 from .runtime import skipset
 from .errors import SwiftkError
+from .proposers.draft_model import DraftModelDraft
 from .proposers.layerskip.draft import LayerSkipDraft
 
 
@@ -90,6 +91,19 @@ class EarlyExit(LayerSkip):
         return skipset.early_exit(n_layers, exit_layer)
 
 
+class DraftModel(Method):
+    """Free drafts + a smaller model of the same family as the drafter (``swiftk.load(..., draft_model=NAME)``);
+    the default method of an engine loaded with one."""
+    name = "draft_model"
+
+    def prepare(self, engine, cfg) -> None:
+        if engine.resource("draft_model") is None:
+            raise SwiftkError("method='draft_model' needs a draft model: swiftk.load(MODEL, draft_model=NAME_OR_PATH)")
+
+    def drafter(self, engine, state, cfg, fixed):
+        return DraftModelDraft(engine.resource("draft_model"), state, engine.costs)
+
+
 class FreeOnly(Method):
     """Free drafts only: context n-grams, session history, corpus (no model drafter)."""
     name = "ngram"
@@ -104,7 +118,7 @@ def register(method: Method) -> Method:
     return method
 
 
-for _m in (LayerSkip(), Autoregressive(), EarlyExit(), Static(), FreeOnly()):
+for _m in (LayerSkip(), Autoregressive(), EarlyExit(), Static(), DraftModel(), FreeOnly()):
     register(_m)
 
 

@@ -156,3 +156,13 @@ def updated(base, kw: dict):
         return replace(base, **kw).validate()
     except TypeError as e:
         raise SwiftkError(str(e)) from None
+
+
+def split_options(kw: dict) -> tuple:
+    """(decode options, optimizer options); unknown names raise."""
+    dec, opt = option_names(DecodeConfig), option_names(OptimizerConfig)
+    unknown = set(kw) - dec - opt
+    if unknown:
+        raise SwiftkError(f"unknown option(s): {', '.join(sorted(unknown))}; decode options: "
+                          f"{', '.join(sorted(dec))}; optimizer options: {', '.join(sorted(opt))}")
+    return {k: v for k, v in kw.items() if k in dec}, {k: v for k, v in kw.items() if k in opt}

@@ -39,10 +39,12 @@ def speculative_decode(s: Session, drafter, sources: list):
         t = time.perf_counter()
         levels, chains = [], []
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
-            levels = active.propose(dc) if active is not None else []
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
             chains = [c for src in sources if src.name in budget.on
                       for c in as_chains(budget.timed(src.name, src.propose, ctx))]
+            if active is not None:   # after the free chains: a drafter may leave a round to them (draft_model)
+                dc.chains = chains
+                levels = active.propose(dc)
         t_draft = time.perf_counter() - t
         tree = None
         if levels or chains:
@@ -77,6 +79,8 @@ def speculative_decode(s: Session, drafter, sources: list):
             gate.probed(len(nodes) > 1)
         if levels:   # the round's speed in plain-step units, priced by the cost model
             gate.drafted(len(nodes) * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
+        else:
+            gate.free_measured(len(nodes) * costs.v(1) / costs.v(tree.size))
         t = time.perf_counter()
         s.commit(tree, nodes, bonus, phase, t_draft, t_verify, len(levels))
         s.timer.add("other", t)

@@ -35,22 +35,28 @@ STATE_VERSION = 3
 @dataclass
 class GateMemory:
     """How recent model-drafting rounds paid (costs.Gate writes it, nothing else does): an EMA of their speed in
-    plain-step units, rounds since the last draft, and the gap after which a losing drafter is probed again."""
+    plain-step units, rounds since the last draft, the gap after which a losing drafter is probed again, and what
+    free-only rounds measured against the free sources' estimate (beside a model drafter)."""
 
     draft_rate: Optional[float] = None
     since_draft: int = 0
     probe_gap: int = 4
+    free_bias: float = 1.0
 
     def to_dict(self) -> dict:
-        return {"draft_rate": self.draft_rate, "since_draft": self.since_draft, "probe_gap": self.probe_gap}
+        return {"draft_rate": self.draft_rate, "since_draft": self.since_draft, "probe_gap": self.probe_gap,
+                "free_bias": self.free_bias}
 
     @staticmethod
     def from_dict(d: dict) -> "GateMemory":
         rate = d.get("draft_rate")
         if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e3):
             raise ValueError(f"bad draft_rate {rate!r}")
+        bias = d.get("free_bias", 1.0)
+        if not (isinstance(bias, (int, float)) and math.isfinite(bias) and 0.25 <= bias <= 4.0):
+            raise ValueError(f"bad free_bias {bias!r}")
         return GateMemory(None if rate is None else float(rate), min(10**6, max(0, int(d.get("since_draft", 0)))),
-                          min(128, max(1, int(d.get("probe_gap", 4)))))
+                          min(128, max(1, int(d.get("probe_gap", 4)))), float(bias))
 
 
 class LearnedState:

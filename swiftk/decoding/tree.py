@@ -213,3 +213,21 @@ def _int32(u: int) -> int:
 
 def _log(p: float) -> float:
     return math.log(p) if p > 0 else -1e30
+
+
+def node_values(chains) -> list:
+    """The values of the free chains' nodes as build_tree would lay them out (a node by its path from the root;
+    where sources agree the larger value, each child priced from its merged parent), best first."""
+    ids, vals = {}, []
+    for ch in chains:
+        node = -1
+        for t, p in zip(ch.tokens, ch.probs):
+            v = (vals[node] if node >= 0 else 1.0) * min(p, 1.0)
+            i = ids.get((node, t))
+            if i is None:
+                i = ids[node, t] = len(vals)
+                vals.append(v)
+            else:
+                vals[i] = max(vals[i], v)
+            node = i
+    return sorted(vals, reverse=True)

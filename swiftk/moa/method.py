@@ -8,7 +8,7 @@ from ..decoding.costs import ema
 from ..errors import SwiftkError
 from ..home import swiftk_home
 from ..methods import Method
-from ..proposers.layerskip.draft import ModelDrafter
+from ..proposers.draft_loop import ModelDrafter
 from .model import load
 from .runner import MoARunner, moa_draft
 

@@ -86,6 +86,7 @@ class DraftContext:
     ahead: float = 0.0  # seconds this call is ahead of plain decoding: per closed round, its tokens at a plain
     #                     step each (a plain round: its timed step) less all its time, search and host work
     #                     included; what a search step may spend without making the call slower than plain decoding
+    chains: list = field(default_factory=list)   # the round's free chains, proposed before the model draft
 
 
 class Estimates:

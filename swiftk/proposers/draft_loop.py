@@ -1,6 +1,6 @@
-"""The model drafters' draft loop (``draft_chain``, shared by the layer-skip draft and MoA), the layer-skip step
-(``draft``: the target model itself run with a skip set, one token at a time), and matchness, the skip-set
-search's measure of how well a set drafts.
+"""What every model drafter shares (``ModelDrafter``) and its draft loop (``draft_chain``: layer skip, MoA, a draft
+model), the layer-skip step (``draft``: the target model itself run with a skip set, one token at a time), and
+matchness, the skip-set search's measure of how well a set drafts.
 
 Draft steps read the committed target KV for the prefix and write their own KV (for the sublayers they compute)
 into scratch slots past the committed length; the verify pass overwrites those slots, so nothing is copied or
@@ -15,7 +15,43 @@ from __future__ import annotations
 import torch
 
 from ..runtime.sampling import sample_without_replacement
-from .base import DraftLevel, k_for_confidence
+from .base import DraftLevel, calibration_bin, k_for_confidence
+
+
+class ModelDrafter:
+    """What every model drafter shares: the calibration of its draft probabilities (kept in the learned state)
+    and the draft head, topped up with the committed tokens. Subclasses implement ``propose``, ``step_cost``,
+    ``observe_cost``, and where they have them ``optimize`` (a search step) and ``finish`` (stats)."""
+
+    name, boundary = "draft", None
+
+    def __init__(self, state, head):
+        self.state, self.head, self.head_seen = state, head, 0
+
+    def optimize(self, dc) -> tuple:
+        """A search step where the drafter has one: (the round's phase, None or what the step found for the
+        trace: tokens seen, matchness, the candidate's source)."""
+        return "accelerate", None
+
+    def resting(self, gate, device) -> bool:
+        """Whether this round would neither search nor draft (the loop then skips the drafter altogether)."""
+        return False
+
+    def calibrate(self, p: float) -> float:
+        return self.state.calibration.prob(calibration_bin(p))
+
+    def observe(self, p: float, hit: bool) -> None:
+        self.state.calibration.observe(calibration_bin(p), hit)
+
+    def finish(self, stats) -> None:
+        stats.skip_set = None
+
+    def _head(self, tokens: list):
+        """The draft head (or None), its vocabulary topped up with the committed tokens."""
+        if self.head is not None:
+            self.head.add(tokens[self.head_seen:-1])
+            self.head_seen = len(tokens) - 1
+        return self.head
 
 
 def draft(model, cache, root_token: int, skip, sampler, gate, calibrate, step_s: float, *, max_draft: int,

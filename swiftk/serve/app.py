@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import methods
 from ..options import updated
-from ..engine import split_options
+from ..options import split_options
 from ..errors import SwiftkError
 from ..decoding.output import check_lengths
 from ..decoding.sampler import SamplingParams
@@ -120,7 +120,7 @@ class Server:
     """
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
-                 queue_size: int = 16, method: str = "swift", options: Optional[dict] = None):
+                 queue_size: int = 16, method: Optional[str] = None, options: Optional[dict] = None):
         if history_scope not in HISTORY_SCOPES:
             raise SwiftkError(f"history_scope must be one of {HISTORY_SCOPES}, got {history_scope!r}")
         if history_scope == "key" and not api_keys:
@@ -129,6 +129,7 @@ class Server:
             raise SwiftkError(f"queue_size must be an int >= 0, got {queue_size!r}")
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
+        method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
         methods.get(method)
         split, opt = split_options(dict(options or {}))
         if opt:

@@ -13,9 +13,8 @@ from typing import Optional
 
 import torch
 
-from ..draft_loop import draft, matchness
+from ..draft_loop import ModelDrafter, draft, matchness
 from ...runtime.skipset import SkipSet, to_layers
-from ..base import calibration_bin
 from .search import PAYS
 
 _EXPLORE = 1  # optimization steps at half the budget before what they found sets the search's budget
@@ -29,42 +28,6 @@ SEARCH_MARGIN = 0.25
 # Qwen2.5-0.5B and 1.5B), on an H100 at 0.02-0.06, and none came within reach later; a set that starts within a
 # quarter has room for the search to find one that pays
 HOPELESS = 0.25
-
-
-class ModelDrafter:
-    """What every model drafter shares: the calibration of its draft probabilities (kept in the learned state)
-    and the draft head, topped up with the committed tokens. Subclasses implement ``propose``, ``step_cost``,
-    ``observe_cost``, and where they have them ``optimize`` (a search step) and ``finish`` (stats)."""
-
-    name, boundary = "draft", None
-
-    def __init__(self, state, head):
-        self.state, self.head, self.head_seen = state, head, 0
-
-    def optimize(self, dc) -> tuple:
-        """A search step where the drafter has one: (the round's phase, None or what the step found for the
-        trace: tokens seen, matchness, the candidate's source)."""
-        return "accelerate", None
-
-    def resting(self, gate, device) -> bool:
-        """Whether this round would neither search nor draft (the loop then skips the drafter altogether)."""
-        return False
-
-    def calibrate(self, p: float) -> float:
-        return self.state.calibration.prob(calibration_bin(p))
-
-    def observe(self, p: float, hit: bool) -> None:
-        self.state.calibration.observe(calibration_bin(p), hit)
-
-    def finish(self, stats) -> None:
-        stats.skip_set = None
-
-    def _head(self, tokens: list):
-        """The draft head (or None), its vocabulary topped up with the committed tokens."""
-        if self.head is not None:
-            self.head.add(tokens[self.head_seen:-1])
-            self.head_seen = len(tokens) - 1
-        return self.head
 
 
 class LayerSkipDraft(ModelDrafter):

@@ -1,0 +1,146 @@
+"""A smaller model of the same family as the drafter (``swiftk.load(target, draft_model=NAME)``): classic
+speculative decoding, with the draft's chain merged into the round's tree beside the free sources' chains.
+
+The draft model keeps its own KV cache and the list of tokens whose KV it holds (``seq``). Each round it takes
+the longest common start of ``seq`` and the committed sequence, computes the rest in one pass (usually just the
+pending root: the spine it drafted last round was mostly accepted), then drafts one token per step while the gate
+expects the next to pay. What it drafted past the committed tokens is simply not matched next round, so a
+rejected draft needs no rollback. Its cache is its own: reusing it across calls is safe whatever the arithmetic,
+because the target verifies every token.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import SwiftkError
+from ..home import swiftk_home
+from .draft_head import DraftHead, frequent_token_ids
+from .draft_loop import ModelDrafter, draft_chain
+from ..runtime.model import Model
+
+
+# Tokens a catch-up pass reads at most: a longer one (a new prompt, or a long stretch of rounds left to the free
+# sources) starts the draft again on the last WINDOW tokens. The whole prompt cost code chat 5-10% of its wall time (a
+# 0.5B pass over 150-400 tokens, 0.1-0.2 s).
+WINDOW = 64
+
+
+def load_draft_model(engine, ckpt, weights, activations) -> "DraftModel":
+    """The draft model of ``engine`` from a loaded checkpoint, with the target's weight options: its vocabulary
+    must be the target's, token for token."""
+    if ckpt.tokenizer.fingerprint() != engine.tokenizer.fingerprint() or \
+            ckpt.config.vocab_size != engine.config.vocab_size:
+        raise SwiftkError(f"draft_model {ckpt.identity.get('name') or 'model'!r} does not share the target's "
+                          f"tokenizer (vocabulary {ckpt.config.vocab_size} vs {engine.config.vocab_size}, or "
+                          "different tokens): a draft must propose the target's token ids")
+    if ckpt.config.max_position < engine.max_context:
+        raise SwiftkError(f"draft_model's context length {ckpt.config.max_position} is shorter than "
+                          f"max_context {engine.max_context}")
+    model = Model(ckpt.config, ckpt.tensors, device=engine.device, dtype=engine.dtype, weights=weights,
+                  activations=activations)
+    ckpt.tensors = {}
+    info = {"model": dict(ckpt.identity), "weights": model.weights, "weight_bytes": model.weight_bytes(),
+            "weight_ratio": round(model.weight_bytes() / max(1, engine.model.weight_bytes()), 4)}
+    head = draft_model_head(model, engine.tokenizer, engine.decode_config.draft_vocab, engine.max_context,
+                            engine.identity.get("name"))
+    return DraftModel(model, engine.cache.max_slots, info, head=head)
+
+
+def draft_model_head(model, tokenizer, size: int, max_context: int, name) -> "DraftHead | None":
+    """The draft model's reduced-vocabulary head (the target's ``draft_vocab`` option: ``size`` frequent tokens
+    plus each call's context), or None for its full head: Qwen2.5-0.5B's 151936 x 896 head is ~28% of its
+    weight bytes, read every draft step."""
+    if not 0 < size < model.cfg.vocab_size // 2:
+        return None
+    base = frequent_token_ids(tokenizer, size, cache_dir=swiftk_home() / "draft_vocab", model_name=str(name or "model"))
+    return DraftHead(model.lm_head, base.to(model.device), len(base) + max_context + 64)
+
+
+class DraftModel:
+    """The draft model and its KV cache (one owner: the engine's "draft_model" resource)."""
+
+    def __init__(self, model, max_slots: int, info: dict, window: int = WINDOW, head=None):
+        """``head``: a draft_head.DraftHead on the draft model's LM head (its frequent tokens, then each call's
+        context), or None for the full head."""
+        self.model, self.info, self.window = model, info, window
+        self.head, self.n_base = head, len(head) if head is not None else 0
+        self.cache = model.new_cache(max_slots)
+        self.base = 0             # the sequence's index of the token in slot 0
+        self.seq: list = []       # tokens whose KV is in cache slots [0, len(seq)): cache.length == len(seq)
+        self.step_s = None        # seconds of a one-token draft step (an EMA kept for the engine's lifetime)
+
+    @torch.inference_mode()
+    def first(self, tokens: list, head=None) -> torch.Tensor:
+        """Catch up with ``tokens`` (the committed sequence and the pending root): logits [V] for what follows.
+        A catch-up longer than ``window`` tokens (a new prompt) restarts the draft on the last ``window`` only:
+        positions are relative to ``base``, which rotary embeddings do not see."""
+        if len(tokens) > self.cache.max_slots:
+            raise SwiftkError(f"the draft model's cache holds {self.cache.max_slots} tokens, not {len(tokens)}")
+        c, n = 0, min(len(self.seq), len(tokens) - 1 - self.base)   # at least the root is computed: its row
+        while c < n and self.seq[c] == tokens[self.base + c]:       # gives the logits
+            c += 1
+        if self.base > len(tokens) - 1 or self.window and len(tokens) - self.base - c > self.window:
+            self.base, c = max(0, len(tokens) - self.window) if self.window else 0, 0
+        self.cache.truncate(c)
+        del self.seq[c:]
+        dev, T = self.model.device, len(tokens) - self.base - c
+        pos = torch.arange(c, c + T, device=dev)
+        logits = self.model.forward(torch.tensor(tokens[self.base + c:], device=dev), pos, pos, self.cache,
+                                    logits_idx=torch.tensor([T - 1], device=dev), head=head)
+        self.cache.advance(T)
+        self.seq += tokens[self.base + c:]
+        return logits[0]
+
+    @torch.inference_mode()
+    def next(self, token: int, head=None) -> torch.Tensor:
+        """One draft step: ``token`` after ``seq`` -> logits [V] for what follows it."""
+        n = self.cache.length
+        if n + 1 > self.cache.max_slots:
+            raise SwiftkError(f"the draft model's cache holds {self.cache.max_slots} tokens")
+        t = time.perf_counter()
+        pos = torch.tensor([n], device=self.model.device)
+        logits = self.model.forward(torch.tensor([token], device=self.model.device), pos, pos, self.cache, start=n,
+                                    head=head)
+        self.cache.advance(1)
+        self.seq.append(token)
+        dt = time.perf_counter() - t   # an EMA as the cost model's, one hiccup capped at 3x
+        self.step_s = dt if self.step_s is None else self.step_s + 0.2 * (min(dt, 3 * self.step_s) - self.step_s)
+        return logits[0]
+
+
+class DraftModelDraft(ModelDrafter):
+    """The draft model behind the model-drafter protocol the round uses."""
+
+    def __init__(self, runner: DraftModel, state, costs):
+        if runner.head is not None:
+            runner.head.truncate(runner.n_base)   # the last call's context tokens out
+        super().__init__(state, runner.head)
+        self.runner, self.costs = runner, costs
+
+    def step_cost(self) -> float:
+        """Seconds of one draft step (prior before one is timed: the draft's share of the target's weight bytes)."""
+        r = self.runner
+        if r.step_s is not None:
+            return r.step_s
+        return (self.costs.step or 1.0) * r.info.get("weight_ratio", 0.5)
+
+    def observe_cost(self, seconds_per_step: float) -> None:
+        """The runner times its own one-token steps: the round's draft time also holds the free sources' and the
+        catch-up pass (a whole prompt in a call's first drafting round)."""
+
+    def propose(self, dc) -> list:
+        # a model draft costs ~0.3 of a plain step a token: beside free chains that are expected to do better
+        # alone the round is left to them
+        if not dc.gate.should_draft() or not dc.gate.model_draft_pays(dc.chains):
+            return []
+        r, head = self.runner, self._head(dc.tokens)
+        f = None if head is None else head.logits_full
+
+        def step(token: int, j: int) -> tuple:
+            return (r.first(dc.tokens, f) if j == 0 else r.next(token, f)), None
+
+        return draft_chain(step, dc.cache.length, dc.tokens[-1], dc.sampler, dc.gate, self.calibrate,
+                           self.step_cost(), max_draft=dc.max_draft, max_spine=dc.max_spine, topk_bins=dc.bins,
+                           rejection=dc.rejection)

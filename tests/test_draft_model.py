@@ -1,0 +1,152 @@
+"""A smaller model as the drafter (swiftk.load(..., draft_model=...)): lossless against plain decoding, drafts
+accepted where the draft agrees, refused where the vocabularies differ."""
+import json
+import shutil
+
+import pytest
+
+import swiftk
+from swiftk import SwiftkError
+
+
+def _save_llama(d, vocab: int, layers: int, seed: int, scale: float = 6.0):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   bos_token_id=1, eos_token_id=2)
+    hf = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(scale)
+    hf.save_pretrained(d, safe_serialization=True)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_dir, tmp_path_factory):
+    """Another model on tiny_dir's tokenizer: 2 layers, other weights."""
+    d = tmp_path_factory.mktemp("tiny-draft")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_dir / f, d / f)
+    _save_llama(d, json.loads((tiny_dir / "config.json").read_text())["vocab_size"], 2, seed=1)
+    return d
+
+
+PROMPTS = ["w1 w2 w3 w4 w1 w2 w3", "w10 w11 w12 w13 w14", "w5 w5 w5 w6 w7 w5 w5"]
+
+
+@pytest.mark.parametrize("speculate", ["auto", "always"])
+def test_greedy_output_is_the_targets_whatever_the_draft(tiny_dir, draft_dir, speculate):
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate=speculate)
+    assert eng.default_method == "draft_model" and eng.info()["draft_model"]["weight_ratio"] < 1.0
+    for p in PROMPTS * 2:   # twice: the draft's cache from the call before is reused where it matches
+        want = ref.generate(p, max_new_tokens=40, method="autoregressive").token_ids
+        got = eng.generate(p, max_new_tokens=40)
+        assert got.token_ids == want
+        assert got.stats.method == "draft_model"
+
+
+def test_a_draft_that_agrees_is_accepted(tiny_dir):
+    """The target as its own draft: every drafted spine token is the target's, so rounds accept long chains."""
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(tiny_dir), speculate="always", ngram=False,
+                      history=False, recycle=False, datastore=False)
+    for p in PROMPTS:
+        want = ref.generate(p, max_new_tokens=48, method="autoregressive").token_ids
+        got = eng.generate(p, max_new_tokens=48)
+        assert got.token_ids == want
+        st = got.stats
+        assert st.accepted_by_source["draft"] > 0
+        assert st.decoding_steps < len(want) * 0.7, (st.decoding_steps, len(want))
+
+
+def test_seeded_sampling_matches_plain_decoding(tiny_dir, draft_dir):
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate="always")
+    for seed in (1, 2, 3):
+        kw = dict(max_new_tokens=40, temperature=0.8, top_k=20, seed=seed)
+        assert eng.generate(PROMPTS[0], **kw).token_ids == \
+            ref.generate(PROMPTS[0], method="autoregressive", **kw).token_ids
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_dir, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + [f"v{i}" for i in range(61)]   # same size, other tokens
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    shutil.copy(tiny_dir / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    _save_llama(tmp_path, len(words), 2, seed=2)
+    with pytest.raises(SwiftkError, match="tokenizer"):
+        swiftk.load(str(tiny_dir), persist=False, draft_model=str(tmp_path))
+
+
+def test_the_method_needs_a_draft_model_and_the_option_a_name(tiny_dir):
+    eng = swiftk.load(str(tiny_dir), persist=False)
+    assert eng.default_method == "swift"
+    with pytest.raises(SwiftkError, match="draft_model"):
+        eng.generate("w1 w2", max_new_tokens=4, method="draft_model")
+    with pytest.raises(SwiftkError, match="draft_model must be"):
+        swiftk.load(str(tiny_dir), persist=False, draft_model=3)
+
+
+def test_reduced_head_and_short_window_stay_lossless(tiny_dir, draft_dir):
+    """The draft model's frequent-token head (draft_vocab below half the vocabulary) and a catch-up window that
+    restarts the draft on the last tokens of a long context: drafts change, the output does not."""
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), draft_vocab=16, speculate="always")
+    runner = eng.resource("draft_model")
+    assert runner.head is not None and runner.n_base == 16
+    runner.window = 4
+    long = " ".join(f"w{3 + i % 7}" for i in range(30))
+    for p in (long, PROMPTS[0], long):
+        want = ref.generate(p, max_new_tokens=30, method="autoregressive").token_ids
+        assert eng.generate(p, max_new_tokens=30).token_ids == want
+    assert runner.base > 0
+
+
+class _Costs:
+    step = 1.0
+
+    def v(self, T):   # a verify pass of T tokens, in steps
+        return 1.0 + 0.05 * (T - 1)
+
+
+def test_the_gate_leaves_rounds_to_free_chains_that_do_better_and_probes_the_model():
+    from types import SimpleNamespace
+
+    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.state import GateMemory
+    from swiftk.proposers.base import Chain
+
+    g = Gate(_Costs(), GateMemory(draft_rate=1.5), SimpleNamespace(speculate="auto"))
+    strong = [Chain([1, 2, 3, 4], [0.95] * 4, "ngram")]   # 4.52 tokens for a pass of 5: 3.77x a plain step
+    weak = [Chain([7], [0.2], "datastore")]               # 1.2 tokens for a pass of 2: 1.14x
+    assert g.model_draft_pays([]) and g.model_draft_pays(weak)
+    answers = [g.model_draft_pays(strong) for _ in range(12)]
+    assert answers == [False] * 3 + [True] + [False] * 7 + [True]   # probes, the gap doubling (4, 8)
+    # what free-only rounds measure scales their estimate, for the rounds after (kept in the state's memory)
+    g.model_draft_pays(weak)
+    g.free_measured(3.0)
+    assert g.memory.free_bias == pytest.approx(1.0 + 0.2 * (3.0 / (1.2 / 1.05) - 1.0))
+    assert not g.model_draft_pays(weak)   # 1.14 x 1.33 > 1.5
+    # two sources agreeing on a first token share its node (the larger value), as the tree does
+    g2 = Gate(_Costs(), GateMemory(draft_rate=2.0), SimpleNamespace(speculate="auto"))
+    g2.model_draft_pays([Chain([1, 2], [0.9, 0.9], "ngram"), Chain([1, 3], [0.5, 0.5], "recycle")])
+    assert g2._free_est == pytest.approx(max((1 + 0.9) / 1.05, (1 + 0.9 + 0.81) / 1.1, (1 + 0.9 + 0.81 + 0.45) / 1.15))
+    off = Gate(_Costs(), GateMemory(draft_rate=0.5), SimpleNamespace(speculate="always"))
+    assert off.model_draft_pays(strong)   # the paper's rule drafts every round
+
+
+def test_cli_takes_a_draft_model_and_names_what_it_cannot_combine(tiny_dir, draft_dir, capsys):
+    from swiftk.cli import main
+
+    assert main(["generate", "w1 w2 w3", "--model", str(tiny_dir), "--draft-model", str(draft_dir), "-n", "8",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["method"] == "draft_model"
+    assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--draft-model", str(draft_dir), "--skip-set",
+                 "x.json"]) != 0
+    assert "--skip-set is an option of --method swift or static, not draft_model" in capsys.readouterr().err
