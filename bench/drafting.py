@@ -8,7 +8,8 @@ the prefill; "decode only" takes each call's own prefill (its ``stats.time_prefi
 
 Arms: ``swiftk-ar`` (autoregressive), ``swiftk`` (the default ``generate``), ``swiftk-pld`` (prompt lookup
 alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``, ``llamacpp-pld``
-(``LlamaPromptLookupDecoding``, 2 tokens per step: its advice for CPUs). ``swiftk-ar`` runs on an engine of its own
+(``LlamaPromptLookupDecoding``, 2 tokens per step: its advice for CPUs), and with ``--draft-model NAME``
+``swiftk-dm`` (the default ``generate`` of an engine loaded with that draft model). ``swiftk-ar`` runs on an engine of its own
 (its steps never feed the speculative arms' cost model, nor theirs its caches). swiftk's speculative arms each keep one learned state per workload
 (history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
 fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
@@ -30,7 +31,7 @@ import torch
 
 from bench.llamacpp import llamacpp_run
 
-ARMS = ("swiftk-ar", "swiftk", "swiftk-pld", "llamacpp-ar", "llamacpp-pld")
+ARMS = ("swiftk-ar", "swiftk", "swiftk-pld", "llamacpp-ar", "llamacpp-pld", "swiftk-dm")
 WORKLOADS = ("humaneval", "mtbench", "edit", "chat", "multiturn")
 PLD_OFF = {"history": False, "recycle": False, "datastore": False}
 
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
                     "for a quantized GGUF on CPU; float32 for the dequantized path)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every prompt, arms in alternated order, fresh "
                     "learned states per run; each prompt's median wall time per arm")
+    ap.add_argument("--draft-model", default=None, help="also run swiftk-dm: the default generate of an engine "
+                    "loaded with this draft model (registry name or path)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     if a.repeat < 1:
@@ -64,6 +67,8 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
     eng_ar = swiftk.load(a.model, persist=False, weights=a.weights)   # the reference arm's own engine
+    eng_dm = swiftk.load(a.model, persist=False, weights=a.weights, draft_model=a.draft_model) \
+        if a.draft_model else None
     eng.corpus(wait=True)   # every arm drafts from the same sources; no build runs beside a timing
     from swiftk.loading.registry import resolve_model
 
@@ -81,6 +86,9 @@ def main(argv=None) -> int:
     eng_ar.generate(warm, max_new_tokens=16, method="autoregressive")   # kernels
     eng.generate(warm, max_new_tokens=16, method="autoregressive")      # kernels, draft head, corpus tables
     eng.generate(warm, max_new_tokens=16, state=eng.new_state())
+    if eng_dm is not None:
+        eng_dm.corpus(wait=True)
+        eng_dm.generate(warm, max_new_tokens=16, state=eng_dm.new_state())
     for llm in peers.values():
         llamacpp_run(llm, warm, 8, eos)
 
@@ -90,11 +98,13 @@ def main(argv=None) -> int:
         order = ARMS if rep % 2 == 0 else ARMS[::-1]
         for w, items in prompts.items():
             states = {"swiftk": eng.new_state(), "swiftk-pld": eng.new_state()}
+            if eng_dm is not None:
+                states["swiftk-dm"] = eng_dm.new_state()
             for i, it in enumerate(items):
                 got = rows.setdefault((w, i), {})
-                for arm in (x for x in order if x in peers or not x.startswith("llamacpp")):
-                    got.setdefault(arm, []).append(_run_arm(arm, a, it, eng, eng_ar, peers, states, eos))
-                for arm in ("swiftk", "swiftk-pld"):
+                for arm in (x for x in order if x in peers or x in states or x == "swiftk-ar"):
+                    got.setdefault(arm, []).append(_run_arm(arm, a, it, eng, eng_ar, peers, states, eos, eng_dm))
+                for arm in states:
                     if got[arm][-1]["tokens"] != got["swiftk-ar"][-1]["tokens"]:
                         raise SystemExit(f"{arm} differs from swiftk-ar on {it['id']}: not lossless")
                 print(w, it["id"], f"run {rep + 1}/{a.repeat}" if a.repeat > 1 else "",
@@ -126,7 +136,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos) -> dict:
+def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos, eng_dm=None) -> dict:
     """One arm on one prompt: its tokens and times, or {"failed": why} (llama.cpp's own errors)."""
     if arm.startswith("llamacpp"):
         try:
@@ -137,7 +147,7 @@ def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos) -> dict:
         return {"tokens": r["token_ids"], "wall_s": r["wall_time_s"]}
     kw = ({"method": "autoregressive"} if arm == "swiftk-ar" else
           {"state": states[arm], **({"method": "ngram", **PLD_OFF} if arm == "swiftk-pld" else {})})
-    e = eng_ar if arm == "swiftk-ar" else eng
+    e = eng_ar if arm == "swiftk-ar" else eng_dm if arm == "swiftk-dm" else eng
     t = time.perf_counter()
     # each prompt prefilled whole, as llama.cpp's arm does after its reset: repetitions would reuse it otherwise
     r = e.generate(it["ids"], max_new_tokens=a.max_new_tokens, prefix_cache=False, **kw)
@@ -175,9 +185,16 @@ def aggregate(runs: list) -> dict:
         ar_d, sw_d = (sum(r[arm]["wall_s"] - r[arm]["prefill_s"] for r in rows) for arm in ("swiftk-ar", "swiftk"))
         g["decode_only"] = ar_d / sw_d if sw_d > 0 else None
         g["swiftk/ar"] = g["swiftk"] / ar if ar else None
+        if g["swiftk-dm"] is not None:   # the draft-model arm against the same references
+            dm_d = sum(r["swiftk-dm"]["wall_s"] - r["swiftk-dm"]["prefill_s"] for r in rows)
+            g["dm_decode_only"] = ar_d / dm_d if dm_d > 0 else None
+            g["dm/ar"] = g["swiftk-dm"] / ar if ar else None
+            g["dm/llamacpp-ar"] = g["swiftk-dm"] / lar if lar else None
+            g["dm/llamacpp-pld"] = (_rate(both_pld(rows), "swiftk-dm")[0] / _rate(both_pld(rows), "llamacpp-pld")[0]
+                                    if both_pld(rows) else None)
         g["pld/ar"] = g["swiftk-pld"] / ar if ar else None
         g["llamacpp-pld/its-ar"] = g["llamacpp-pld"] / lar if lar and g["llamacpp-pld"] else None
-        both = [r for r in rows if "llamacpp-pld" in r]   # the prompts llama.cpp's prompt lookup ran
+        both = both_pld(rows)   # the prompts llama.cpp's prompt lookup ran
         g["swiftk/llamacpp-pld"] = _rate(both, "swiftk")[0] / _rate(both, "llamacpp-pld")[0] if both else None
         g["llamacpp_failed"] = sum(len(r.get("failed", {})) for r in rows)
         g["llamacpp_same_tokens"] = (sum(r["llamacpp-ar"]["tokens"] == r["swiftk-ar"]["tokens"] for r in rows
@@ -193,6 +210,10 @@ def aggregate(runs: list) -> dict:
     return out
 
 
+def both_pld(rows: list) -> list:
+    return [r for r in rows if "llamacpp-pld" in r]
+
+
 def _pct(x):
     return None if x is None else 100 * x
 
@@ -203,7 +224,8 @@ def markdown(a, meta, summary) -> str:
              f"`python -m bench.drafting --model {a.model} --workloads {a.workloads} --n {a.n} --n-mtbench "
              f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}" if a.weights else "")
              + (f" --skip {a.skip} --skip-mtbench {a.skip_mtbench}" if a.skip or a.skip_mtbench else "")
-             + (f" --repeat {a.repeat}" if a.repeat > 1 else "") + "`",
+             + (f" --repeat {a.repeat}" if a.repeat > 1 else "")
+             + (f" --draft-model {a.draft_model}" if getattr(a, "draft_model", None) else "") + "`",
              "", f"Machine: {meta['machine']}; swiftk weights: {meta['weights']}; llama.cpp arms: {meta['llamacpp']}",
              "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "
@@ -217,6 +239,16 @@ def markdown(a, meta, summary) -> str:
                      f"{f(g['llamacpp-pld/its-ar'], '{:.2f}x')} | {f(g['swiftk/llamacpp-pld'], '{:.2f}x')} | "
                      f"{f(g['swiftk'] / g['llamacpp-ar'] if g['swiftk'] and g['llamacpp-ar'] else None, '{:.2f}x')} | "
                      f"{g['accepted_by_source']} | {f(_pct(g.get('search_share')), '{:.1f}%')} |")
+    if any(g.get("dm/ar") is not None for g in summary.values()):
+        lines += ["", f"With the draft model {a.draft_model} (`swiftk-dm`: the default generate of an engine loaded "
+                      "with it; wall time with both prefills):", "",
+                  "| workload | n | swiftk-dm tok/s | ÷ swiftk AR | (decode only) | ÷ swiftk default | ÷ llama.cpp AR | "
+                  "÷ llama.cpp PLD |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for k, g in summary.items():
+            lines.append(f"| {k} | {g['n']} | {f(g['swiftk-dm'])} | {f(g['dm/ar'], '{:.2f}x')} | "
+                         f"{f(g.get('dm_decode_only'), '{:.2f}x')} | "
+                         f"{f(g['swiftk-dm'] / g['swiftk'] if g['swiftk'] else None, '{:.2f}x')} | "
+                         f"{f(g['dm/llamacpp-ar'], '{:.2f}x')} | {f(g['dm/llamacpp-pld'], '{:.2f}x')} |")
     failed = {k: g["llamacpp_failed"] for k, g in summary.items() if g.get("llamacpp_failed") and ":" not in k}
     if failed:
         lines += ["", f"llama.cpp runs that raised inside llama-cpp-python (that arm's tok/s and ratios leave those "
