@@ -43,8 +43,10 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     _check_activations(activations, weights)
     if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
         raise SwiftkError(f"draft_model must be a registry name or a path, got {type(draft_model).__name__}")
-    ckpt, w = _checkpoint(model, dt, weights, activations)
-    draft = None if draft_model is None else _checkpoint(draft_model, dt, weights, activations)
+    path = resolve_model(model)   # both named and found (or pulled) before either loads
+    dpath = None if draft_model is None else resolve_model(draft_model)
+    ckpt, w = _checkpoint(model, path, dt, weights, activations)
+    draft = None if draft_model is None else _checkpoint(draft_model, dpath, dt, weights, activations)
     if draft is not None and draft[1] != w:
         raise SwiftkError(f"draft_model {draft_model} loads as {draft[1] or 'float32'} weights, the target as "
                           f"{w or 'float32'}: give both the same kind of file")
@@ -53,9 +55,8 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
                   cuda_graphs=cuda_graphs, **options)
 
 
-def _checkpoint(model, dt, weights, activations) -> tuple:
-    """(the loaded checkpoint, its weight format) for a registry name or a path."""
-    path = resolve_model(model)
+def _checkpoint(model, path, dt, weights, activations) -> tuple:
+    """(the loaded checkpoint, its weight format) for a registry name or a path, resolved to ``path``."""
     ckpt = load_checkpoint(path, dtype=dt, native="auto" if weights == "auto" else weights == "native",
                            pack=activations in (None, "int8"))
     if weights == "auto":

@@ -186,6 +186,10 @@ def _generate(a) -> int:
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     # the engine's default, resolved here so the checks below name what will run
     a.method = a.method or ("draft_model" if a.draft_model else "swift")
+    if a.method == "draft_model" and not a.draft_model:
+        raise SwiftkError("--method draft_model needs --draft-model NAME_OR_PATH")
+    if a.save_skip_set and a.method != "swift":
+        raise SwiftkError(f"--save-skip-set saves what --method swift optimizes, not {a.method}")
     if a.drafter and a.method != "moa":
         raise SwiftkError("--drafter is an option of --method moa")
     # CLI spellings in the messages: the API's own checks would name skip_set=, exit_layer=

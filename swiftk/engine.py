@@ -111,9 +111,9 @@ class Engine(EngineCorpus):
         self._corpus_job = None      # the corpus tables' build (corpus()), started below when drafts use them
         if self.decode_config.datastore:
             self._start_corpus()
-        # what generate's default method builds once (the draft head: its token ranking takes ~1 s on a fresh
+        # what generate's default method builds once (SWIFT's draft head: its token ranking takes ~1 s on a fresh
         # $SWIFTK_HOME) is built here, so a user's first call does not wait for it
-        methods.get("swift").prepare(self, self.decode_config)
+        methods.get(self.default_method).prepare(self, self.decode_config)
         if drafter is not None:
             methods.get("moa").prepare(self, self.decode_config)
         if self.persist:

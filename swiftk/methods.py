@@ -99,9 +99,14 @@ class DraftModel(Method):
     def prepare(self, engine, cfg) -> None:
         if engine.resource("draft_model") is None:
             raise SwiftkError("method='draft_model' needs a draft model: swiftk.load(MODEL, draft_model=NAME_OR_PATH)")
+        if cfg.draft_vocab != engine.decode_config.draft_vocab:
+            raise SwiftkError("draft_vocab of a draft model is set at load: swiftk.load(..., draft_vocab=N)")
 
     def drafter(self, engine, state, cfg, fixed):
-        return DraftModelDraft(engine.resource("draft_model"), state, engine.costs)
+        runner = engine.resource("draft_model")
+        if not cfg.prefix_cache:   # no reuse across calls asked for (history_scope="key"): the draft's cache too
+            runner.forget()
+        return DraftModelDraft(runner, state, engine.costs)
 
 
 class FreeOnly(Method):

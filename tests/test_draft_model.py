@@ -150,3 +150,47 @@ def test_cli_takes_a_draft_model_and_names_what_it_cannot_combine(tiny_dir, draf
     assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--draft-model", str(draft_dir), "--skip-set",
                  "x.json"]) != 0
     assert "--skip-set is an option of --method swift or static, not draft_model" in capsys.readouterr().err
+
+
+def test_a_new_prompt_restarts_the_draft_on_its_own_tail(tiny_dir, draft_dir, monkeypatch):
+    """A prompt sharing nothing with what the draft holds starts its window at its own end, not where the last
+    call's did; prefix_cache=False (key-scoped serving) empties the draft's cache first; draft_vocab is the load's."""
+    from swiftk.proposers.draft_model import DraftModel
+
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate="always")
+    runner = eng.resource("draft_model")
+    runner.window = 16
+    first = " ".join(f"w{3 + i % 7}" for i in range(40))
+    second = " ".join(f"w{20 + i % 5}" for i in range(30))
+    eng.generate(first, max_new_tokens=8)
+    eng.generate(second, max_new_tokens=8)
+    assert runner.base == len(eng.encode_prompt(second)) + 1 - 16
+    forgot = []
+    monkeypatch.setattr(DraftModel, "forget", lambda self: forgot.append(1))
+    eng.generate(second, max_new_tokens=4, prefix_cache=False)
+    eng.generate(second, max_new_tokens=4)
+    assert forgot == [1]
+    with pytest.raises(SwiftkError, match="draft_vocab"):
+        eng.generate(second, max_new_tokens=4, draft_vocab=16)
+
+
+def test_cli_refuses_a_draft_model_method_without_a_draft_model(tiny_dir, draft_dir, capsys):
+    from swiftk.cli import main
+
+    assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--method", "draft_model"]) != 0
+    assert "--method draft_model needs --draft-model" in capsys.readouterr().err
+    assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--draft-model", str(draft_dir),
+                 "--save-skip-set", "x.json"]) != 0
+    assert "--save-skip-set saves what --method swift optimizes, not draft_model" in capsys.readouterr().err
+
+
+def test_the_server_serves_the_engines_default_and_refuses_a_missing_draft_model(tiny_dir, draft_dir):
+    pytest.importorskip("fastapi")
+    from swiftk.serve.app import Server
+
+    plain = swiftk.load(str(tiny_dir), persist=False)
+    with pytest.raises(SwiftkError, match="needs a draft model"):
+        Server(plain, "tiny", method="draft_model")
+    assert Server(plain, "tiny").method == "swift"
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir))
+    assert Server(eng, "tiny").method == "draft_model"

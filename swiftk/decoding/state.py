@@ -53,7 +53,7 @@ class GateMemory:
         if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e3):
             raise ValueError(f"bad draft_rate {rate!r}")
         bias = d.get("free_bias", 1.0)
-        if not (isinstance(bias, (int, float)) and math.isfinite(bias) and 0.25 <= bias <= 4.0):
+        if isinstance(bias, bool) or not (isinstance(bias, (int, float)) and math.isfinite(bias) and 0.25 <= bias <= 4):
             raise ValueError(f"bad free_bias {bias!r}")
         return GateMemory(None if rate is None else float(rate), min(10**6, max(0, int(d.get("since_draft", 0)))),
                           min(128, max(1, int(d.get("probe_gap", 4)))), float(bias))

@@ -30,6 +30,9 @@ WINDOW = 64
 def load_draft_model(engine, ckpt, weights, activations) -> "DraftModel":
     """The draft model of ``engine`` from a loaded checkpoint, with the target's weight options: its vocabulary
     must be the target's, token for token."""
+    if not hasattr(ckpt, "tokenizer") or not hasattr(ckpt, "config"):
+        raise SwiftkError(f"Engine(draft_model=...) takes a loaded checkpoint, got {type(ckpt).__name__}; "
+                          "swiftk.load(..., draft_model=NAME_OR_PATH) loads one")
     if ckpt.tokenizer.fingerprint() != engine.tokenizer.fingerprint() or \
             ckpt.config.vocab_size != engine.config.vocab_size:
         raise SwiftkError(f"draft_model {ckpt.identity.get('name') or 'model'!r} does not share the target's "
@@ -71,17 +74,22 @@ class DraftModel:
         self.seq: list = []       # tokens whose KV is in cache slots [0, len(seq)): cache.length == len(seq)
         self.step_s = None        # seconds of a one-token draft step (an EMA kept for the engine's lifetime)
 
+    def forget(self) -> None:
+        """Hold nothing from earlier calls (a call that must not reuse another's context: no timing to leak)."""
+        self.base, self.seq = 0, []
+        self.cache.truncate(0)
+
     @torch.inference_mode()
     def first(self, tokens: list, head=None) -> torch.Tensor:
         """Catch up with ``tokens`` (the committed sequence and the pending root): logits [V] for what follows.
-        A catch-up longer than ``window`` tokens (a new prompt) restarts the draft on the last ``window`` only:
+        Nothing shared, or a catch-up longer than ``window`` tokens, restarts the draft on the last ``window`` only:
         positions are relative to ``base``, which rotary embeddings do not see."""
         if len(tokens) > self.cache.max_slots:
             raise SwiftkError(f"the draft model's cache holds {self.cache.max_slots} tokens, not {len(tokens)}")
         c, n = 0, min(len(self.seq), len(tokens) - 1 - self.base)   # at least the root is computed: its row
         while c < n and self.seq[c] == tokens[self.base + c]:       # gives the logits
             c += 1
-        if self.base > len(tokens) - 1 or self.window and len(tokens) - self.base - c > self.window:
+        if c == 0 or self.base > len(tokens) - 1 or self.window and len(tokens) - self.base - c > self.window:
             self.base, c = max(0, len(tokens) - self.window) if self.window else 0, 0
         self.cache.truncate(c)
         del self.seq[c:]
@@ -105,6 +113,8 @@ class DraftModel:
                                     head=head)
         self.cache.advance(1)
         self.seq.append(token)
+        if self.model.device.type == "cuda":   # launches return before the pass has run
+            torch.cuda.synchronize(self.model.device)
         dt = time.perf_counter() - t   # an EMA as the cost model's, one hiccup capped at 3x
         self.step_s = dt if self.step_s is None else self.step_s + 0.2 * (min(dt, 3 * self.step_s) - self.step_s)
         return logits[0]
@@ -133,8 +143,8 @@ class DraftModelDraft(ModelDrafter):
     def propose(self, dc) -> list:
         # a model draft costs ~0.3 of a plain step a token: beside free chains that are expected to do better
         # alone the round is left to them
-        if not dc.gate.should_draft() or not dc.gate.model_draft_pays(dc.chains):
-            return []
+        if not dc.gate.model_draft_pays(dc.chains) or not dc.gate.should_draft():   # the estimate first: each
+            return []   # round's is made fresh, for the free-only round that may follow
         r, head = self.runner, self._head(dc.tokens)
         f = None if head is None else head.logits_full
 

@@ -130,6 +130,8 @@ class Server:
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
+        if method == "draft_model":   # its check, here rather than failing every request
+            methods.get(method).prepare(engine, engine.decode_config)
         methods.get(method)
         split, opt = split_options(dict(options or {}))
         if opt:
