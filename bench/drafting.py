@@ -185,16 +185,15 @@ def aggregate(runs: list) -> dict:
         ar_d, sw_d = (sum(r[arm]["wall_s"] - r[arm]["prefill_s"] for r in rows) for arm in ("swiftk-ar", "swiftk"))
         g["decode_only"] = ar_d / sw_d if sw_d > 0 else None
         g["swiftk/ar"] = g["swiftk"] / ar if ar else None
+        both = [r for r in rows if "llamacpp-pld" in r]   # the prompts llama.cpp's prompt lookup ran
         if g["swiftk-dm"] is not None:   # the draft-model arm against the same references
             dm_d = sum(r["swiftk-dm"]["wall_s"] - r["swiftk-dm"]["prefill_s"] for r in rows)
             g["dm_decode_only"] = ar_d / dm_d if dm_d > 0 else None
             g["dm/ar"] = g["swiftk-dm"] / ar if ar else None
             g["dm/llamacpp-ar"] = g["swiftk-dm"] / lar if lar else None
-            g["dm/llamacpp-pld"] = (_rate(both_pld(rows), "swiftk-dm")[0] / _rate(both_pld(rows), "llamacpp-pld")[0]
-                                    if both_pld(rows) else None)
+            g["dm/llamacpp-pld"] = _rate(both, "swiftk-dm")[0] / _rate(both, "llamacpp-pld")[0] if both else None
         g["pld/ar"] = g["swiftk-pld"] / ar if ar else None
         g["llamacpp-pld/its-ar"] = g["llamacpp-pld"] / lar if lar and g["llamacpp-pld"] else None
-        both = both_pld(rows)   # the prompts llama.cpp's prompt lookup ran
         g["swiftk/llamacpp-pld"] = _rate(both, "swiftk")[0] / _rate(both, "llamacpp-pld")[0] if both else None
         g["llamacpp_failed"] = sum(len(r.get("failed", {})) for r in rows)
         g["llamacpp_same_tokens"] = (sum(r["llamacpp-ar"]["tokens"] == r["swiftk-ar"]["tokens"] for r in rows
@@ -210,10 +209,6 @@ def aggregate(runs: list) -> dict:
     return out
 
 
-def both_pld(rows: list) -> list:
-    return [r for r in rows if "llamacpp-pld" in r]
-
-
 def _pct(x):
     return None if x is None else 100 * x
 
@@ -225,7 +220,7 @@ def markdown(a, meta, summary) -> str:
              f"{a.n_mtbench} --max-new-tokens {a.max_new_tokens}" + (f" --weights {a.weights}" if a.weights else "")
              + (f" --skip {a.skip} --skip-mtbench {a.skip_mtbench}" if a.skip or a.skip_mtbench else "")
              + (f" --repeat {a.repeat}" if a.repeat > 1 else "")
-             + (f" --draft-model {a.draft_model}" if getattr(a, "draft_model", None) else "") + "`",
+             + (f" --draft-model {a.draft_model}" if a.draft_model else "") + "`",
              "", f"Machine: {meta['machine']}; swiftk weights: {meta['weights']}; llama.cpp arms: {meta['llamacpp']}",
              "",
              "| workload | n | swiftk AR tok/s | swiftk default | default ÷ AR | (decode only) | prompt lookup ÷ AR | "

@@ -130,7 +130,7 @@ def test_the_gate_leaves_rounds_to_free_chains_that_do_better_and_probes_the_mod
     assert answers == [False] * 3 + [True] + [False] * 7 + [True]   # probes, the gap doubling (4, 8)
     # what free-only rounds measure scales their estimate, for the rounds after (kept in the state's memory)
     g.model_draft_pays(weak)
-    g.free_measured(3.0)
+    g.free_measured(3, 1)   # 3 tokens from a pass of one token: 3.0x a plain step
     assert g.memory.free_bias == pytest.approx(1.0 + 0.2 * (3.0 / (1.2 / 1.05) - 1.0))
     assert not g.model_draft_pays(weak)   # 1.14 x 1.33 > 1.5
     # two sources agreeing on a first token share its node (the larger value), as the tree does

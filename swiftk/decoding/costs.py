@@ -280,11 +280,11 @@ class Gate:
         self.model_since, self.model_gap = 0, min(64, 2 * self.model_gap)
         return True
 
-    def free_measured(self, rate: float) -> None:
-        """After a round verified with free chains only: its rate in plain-step units, against the estimate
-        ``model_draft_pays`` made for it."""
+    def free_measured(self, accepted: int, size: int) -> None:
+        """After a round verified with free chains only (``accepted`` tokens from a tree of ``size``): its rate in
+        plain-step units, against the estimate ``model_draft_pays`` made for it (none without a draft model)."""
         if self._free_est:
-            m = self.memory
+            m, rate = self.memory, accepted * self.costs.v(1) / self.costs.v(size)
             m.free_bias += 0.2 * (min(4.0, max(0.25, rate / self._free_est)) - m.free_bias)
             self._free_est = None
 

@@ -80,7 +80,7 @@ def speculative_decode(s: Session, drafter, sources: list):
         if levels:   # the round's speed in plain-step units, priced by the cost model
             gate.drafted(len(nodes) * costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(tree.size)))
         else:
-            gate.free_measured(len(nodes) * costs.v(1) / costs.v(tree.size))
+            gate.free_measured(len(nodes), tree.size)
         t = time.perf_counter()
         s.commit(tree, nodes, bonus, phase, t_draft, t_verify, len(levels))
         s.timer.add("other", t)
