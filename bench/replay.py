@@ -12,6 +12,7 @@ tokens (ours vs ArcticInference's suffix cache at the same budget, bench/arctic.
     python -m bench.replay --model smollm2-135m --workloads humaneval,mtbench --n 8 --n-mtbench 2
     python -m bench.replay ... --budgets 8,16,32      # fixed verify budgets, no gate: accepted tokens per pass
     python -m bench.replay ... --costs 8.0,2:1.04,4:1.18,8:1.44,16:2.3   # one cost table for runs to compare
+    python -m bench.replay ... --prefill-from bench/results/drafting_M_DATE.json   # + wall time, prefill included
 
 Writes bench/results/replay_<model>_<date>.md (and .json).
 """
@@ -287,6 +288,10 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", default="", help="a fixed cost table instead of measuring one: a plain step's "
                     "milliseconds, then T:steps for verify passes (e.g. 8.0,2:1.04,4:1.18,8:1.44,16:2.3); on a "
                     "noisy machine the measured table moves 20%% between runs, so A/B predictions share one")
+    ap.add_argument("--prefill-from", default="", help="a bench.drafting run's .json on the same prompts: its "
+                    "autoregressive prefill share per workload turns each prediction into wall time")
+    ap.add_argument("--prefill-scale", type=float, default=1.0, help="with --prefill-from: prefills this many "
+                    "times as long (a kernel that prefills 1.8x faster: 0.55)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--weights", default=None, help="swiftk's weight format (as bench.drafting's --weights)")
     ap.add_argument("--out", default="bench/results")
@@ -310,15 +315,19 @@ def main(argv=None) -> int:
     budgets = [0] + [int(b) for b in a.budgets.split(",") if b]
     if any(not 2 <= b <= 64 for b in budgets[1:]):
         ap.error("--budgets: each verify budget is a tree of 2..64 nodes (generate's max_tree_nodes)")
+    share = prefill_share(a.prefill_from) if a.prefill_from else {}
     results = {}
     for w, items in prompts.items():
         rows = outputs(eng, items, a.max_new_tokens, cache_dir / "replay" / a.model)
         for name in a.configs.split(","):
             for b in budgets:
                 r = replay(eng, Ours(eng, CONFIGS[name]), rows, costs, b)
+                if w in share:
+                    r["predicted_wall"] = with_prefill(r["predicted_speedup"], share[w], a.prefill_scale)
                 results[(w, name, b)] = r
                 print(f"{w:10s} {name:16s} budget={b or 'gate':>4} tokens/pass {r['tokens_per_pass']:.2f} "
-                      f"plain {r['plain']:4d} tree {r['mean_tree']:.1f} predicted {r['predicted_speedup']:.2f}x")
+                      f"plain {r['plain']:4d} tree {r['mean_tree']:.1f} predicted {r['predicted_speedup']:.2f}x"
+                      + (f" wall {r['predicted_wall']:.2f}x" if w in share else ""))
         if a.arctic:
             from bench.arctic import ArcticSuffix
 
@@ -331,6 +340,26 @@ def main(argv=None) -> int:
     return 0
 
 
+def prefill_share(path: str) -> dict:
+    """Per workload, the share of swiftk autoregressive's wall time that its prefills took in a bench.drafting run."""
+    try:
+        runs = json.loads(Path(path).read_text())["runs"]
+        pre, wall = {}, {}
+        for r in runs:
+            w, ar = r["workload"], r["swiftk-ar"]
+            pre[w], wall[w] = pre.get(w, 0.0) + ar["prefill_s"], wall.get(w, 0.0) + ar["wall_s"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--prefill-from: {path!r} is not a bench.drafting run's .json ({e})") from e
+    return {w: pre[w] / wall[w] for w in wall if wall[w] > 0}
+
+
+def with_prefill(decode_speedup: float, share: float, scale: float = 1.0) -> float:
+    """A decode-only speedup as wall time when prefill took ``share`` of autoregressive's wall time (``scale``: the
+    prefill made that many times as long, on both sides)."""
+    p = share * scale
+    return (p + 1.0 - share) / (p + (1.0 - share) / decode_speedup)
+
+
 def _write(a, eng, table, results, machine) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(a.out)
@@ -341,11 +370,13 @@ def _write(a, eng, table, results, machine) -> None:
              "", f"Machine: {machine}", "",
              "Cost table (verify pass of T tokens in decode steps): "
              + ", ".join(f"{k}: {v / table[1]:.2f}" for k, v in table.items()), "",
-             "| workload | drafter | budget | tokens/pass | plain steps | mean tree | predicted speedup |",
-             "|---|---|---|---|---|---|---|"]
+             "| workload | drafter | budget | tokens/pass | plain steps | mean tree | predicted speedup | "
+             "with the prefill |",
+             "|---|---|---|---|---|---|---|---|"]
     for (w, name, b), r in results.items():
+        wall = f"{r['predicted_wall']:.2f}x" if "predicted_wall" in r else "-"
         lines.append(f"| {w} | {name} | {b or 'gate'} | {r['tokens_per_pass']:.2f} | {r['plain']} | "
-                     f"{r['mean_tree']:.1f} | {r['predicted_speedup']:.2f}x |")
+                     f"{r['mean_tree']:.1f} | {r['predicted_speedup']:.2f}x | {wall} |")
     (out / f"replay_{a.model}_{stamp}.md").write_text("\n".join(lines) + "\n")
     (out / f"replay_{a.model}_{stamp}.json").write_text(json.dumps(
         {"args": vars(a), "machine": machine, "cost_table_s": table,

@@ -1,5 +1,7 @@
 """bench/replay.py: the replay loop accepts exactly what agrees with the recorded output, and its drafters'
 outcomes reach the sources (a tiny model, no timing claims)."""
+import json
+
 import pytest
 import torch
 
@@ -78,3 +80,20 @@ def test_a_given_cost_table_is_parsed_and_bad_ones_are_refused():
     for bad in ("8.0", "0,2:1.1", "8.0,2:0.5", "8.0,1:1.2", "fast,2:1.1", "8.0,2"):
         with pytest.raises(SystemExit):
             R.parse_costs(bad)
+
+
+def test_a_prediction_as_wall_time_charges_the_prefill_to_both_sides(tmp_path):
+    assert R.with_prefill(2.0, 0.0) == pytest.approx(2.0)
+    assert R.with_prefill(3.0, 1.0) == pytest.approx(1.0)
+    assert R.with_prefill(2.0, 0.2) == pytest.approx(1.0 / 0.6)             # (0.2 + 0.8) / (0.2 + 0.4)
+    assert R.with_prefill(2.0, 0.2, scale=0.5) == pytest.approx(0.9 / 0.5)  # a prefill twice as fast
+    run = {"runs": [{"workload": "edit", "swiftk-ar": {"prefill_s": 1.0, "wall_s": 4.0}},
+                    {"workload": "edit", "swiftk-ar": {"prefill_s": 0.0, "wall_s": 6.0}},
+                    {"workload": "chat", "swiftk-ar": {"prefill_s": 0.5, "wall_s": 2.0}}]}
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(run))
+    assert R.prefill_share(str(f)) == pytest.approx({"edit": 0.1, "chat": 0.25})
+    (tmp_path / "bad.json").write_text("{\"runs\": [{\"workload\": \"x\"}]}")
+    for bad in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        with pytest.raises(SystemExit):
+            R.prefill_share(str(bad))
