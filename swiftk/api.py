@@ -99,14 +99,16 @@ def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str
     """``load(model, ...)`` once per process and set of load options, then ``Engine.generate(prompt, **kw)``.
 
     Every ``load`` option is accepted; the engine (and its learned state) is kept per (model, load options), so a
-    stream of calls keeps improving the drafts."""
+    stream of calls keeps improving the drafts. With a ``draft_model``, ``draft_vocab`` sizes the draft's head at
+    load, so it is a load option here too."""
     opts = dict(device=device, dtype=dtype, weights=weights, activations=activations, max_context=max_context,
                 persist=persist, drafter=drafter, draft_model=draft_model, cuda_graphs=cuda_graphs)
-    key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS))
+    at_load = {"draft_vocab": kw.pop("draft_vocab")} if draft_model is not None and "draft_vocab" in kw else {}
+    key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS), repr(at_load))
     with _lock:
         eng = _engines.get(key)
         if eng is None:
-            eng = _engines[key] = load(model, **opts)
+            eng = _engines[key] = load(model, **opts, **at_load)
     return eng.generate(prompt, **kw)
 
 

@@ -177,6 +177,11 @@ def _parse_kv(items) -> dict:
     return out
 
 
+def _at_load(draft_model, decode_kw: dict) -> dict:
+    """--swift draft_vocab=N with --draft-model: the draft's head is sized at load, so the option goes there."""
+    return {"draft_vocab": decode_kw.pop("draft_vocab")} if draft_model and "draft_vocab" in decode_kw else {}
+
+
 def _generate(a) -> int:
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
@@ -188,6 +193,8 @@ def _generate(a) -> int:
     a.method = a.method or ("draft_model" if a.draft_model else "swift")
     if a.method == "draft_model" and not a.draft_model:
         raise SwiftkError("--method draft_model needs --draft-model NAME_OR_PATH")
+    if a.draft_model and a.method != "draft_model":
+        raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
     if a.save_skip_set and a.method != "swift":
         raise SwiftkError(f"--save-skip-set saves what --method swift optimizes, not {a.method}")
     if a.drafter and a.method != "moa":
@@ -203,7 +210,8 @@ def _generate(a) -> int:
     # a run from a given skip set is a one-off: it must not become the saved state later runs start from
     persist = False if a.skip_set else None
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw)
+                      drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
+                      **_at_load(a.draft_model, decode_kw))
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -320,8 +328,11 @@ def _serve(a) -> int:
     except OSError as e:
         raise SwiftkError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
+    if a.draft_model and a.method not in (None, "draft_model"):   # before loading two models
+        raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      max_context=a.max_context, draft_model=a.draft_model, **opt_kw)
+                      max_context=a.max_context, draft_model=a.draft_model, **opt_kw,
+                      **_at_load(a.draft_model, decode_kw))
     name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
     print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
           file=sys.stderr, flush=True)

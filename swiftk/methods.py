@@ -42,10 +42,17 @@ class Method:
 
     def prepare(self, engine, cfg) -> None:
         """Build what the method needs before the timed loop (draft head, trained drafter)."""
+        check_no_kvq(self.name, cfg)
 
     def drafter(self, engine, state, cfg, fixed):
         """The model drafter for one call (proposers.layerskip.LayerSkipDraft or alike), or None."""
         return None
+
+
+def check_no_kvq(name: str, cfg) -> None:
+    """kvq reuses a layer-skip draft's lower layers: a method without one cannot apply it."""
+    if cfg.kvq:
+        raise SwiftkError(f"kvq is an option of the layer-skip methods (swift, static, early_exit), not {name!r}")
 
 
 class Autoregressive(Method):
@@ -101,6 +108,7 @@ class DraftModel(Method):
             raise SwiftkError("method='draft_model' needs a draft model: swiftk.load(MODEL, draft_model=NAME_OR_PATH)")
         if cfg.draft_vocab != engine.decode_config.draft_vocab:
             raise SwiftkError("draft_vocab of a draft model is set at load: swiftk.load(..., draft_vocab=N)")
+        check_no_kvq(self.name, cfg)
 
     def drafter(self, engine, state, cfg, fixed):
         runner = engine.resource("draft_model")

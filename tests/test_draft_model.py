@@ -84,6 +84,18 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_dir, tmp_path):
         swiftk.load(str(tiny_dir), persist=False, draft_model=str(tmp_path))
 
 
+def test_a_draft_with_the_same_tokens_and_another_eos_is_taken(tiny_dir, draft_dir, tmp_path):
+    """A base model drafting for its chat sibling: same token ids, another end-of-sequence token."""
+    for f in draft_dir.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    tc = json.loads((tiny_dir / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**tc, "eos_token": "<unk>"}))
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(tmp_path), speculate="always")
+    want = ref.generate(PROMPTS[0], max_new_tokens=24, method="autoregressive").token_ids
+    assert eng.generate(PROMPTS[0], max_new_tokens=24).token_ids == want
+
+
 def test_the_method_needs_a_draft_model_and_the_option_a_name(tiny_dir):
     eng = swiftk.load(str(tiny_dir), persist=False)
     assert eng.default_method == "swift"
@@ -182,6 +194,13 @@ def test_cli_refuses_a_draft_model_method_without_a_draft_model(tiny_dir, draft_
     assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--draft-model", str(draft_dir),
                  "--save-skip-set", "x.json"]) != 0
     assert "--save-skip-set saves what --method swift optimizes, not draft_model" in capsys.readouterr().err
+    assert main(["generate", "w1 w2", "--model", str(tiny_dir), "--draft-model", str(draft_dir), "--method",
+                 "swift"]) != 0
+    assert "--draft-model drafts for --method draft_model, not swift" in capsys.readouterr().err
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir))
+    for method in ("draft_model", "ngram"):   # no layer-skip draft whose lower layers kvq could reuse
+        with pytest.raises(SwiftkError, match="kvq is an option of the layer-skip methods"):
+            eng.generate("w1 w2", max_new_tokens=4, method=method, kvq=True)
 
 
 def test_the_server_serves_the_engines_default_and_refuses_a_missing_draft_model(tiny_dir, draft_dir):
@@ -194,3 +213,39 @@ def test_the_server_serves_the_engines_default_and_refuses_a_missing_draft_model
     assert Server(plain, "tiny").method == "swift"
     eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir))
     assert Server(eng, "tiny").method == "draft_model"
+
+
+def test_a_repeated_prompt_reuses_what_the_draft_holds(tiny_dir, draft_dir):
+    """The draft's cache from the call before is kept where it matches: the same prompt again feeds the draft its
+    root only, not the prompt."""
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate="always")
+    runner = eng.resource("draft_model")
+    fed, forward = [], runner.model.forward
+    runner.model.forward = lambda ids, *a, **k: (fed.append(len(ids)), forward(ids, *a, **k))[1]
+    p = " ".join(f"w{3 + i % 5}" for i in range(20))
+    eng.generate(p, max_new_tokens=12)
+    first_call, fed[:] = fed[0], []
+    eng.generate(p, max_new_tokens=12)
+    assert first_call > len(eng.encode_prompt(p)) and fed[0] == 1
+
+
+def test_draft_vocab_reaches_the_load_from_generate_cli_and_server(tiny_dir, draft_dir, capsys):
+    """draft_vocab sizes the draft model's head at load: swiftk.generate and the CLI pass it there; a server whose
+    options differ from its engine's is refused when built, not on every request."""
+    from swiftk.cli import main
+
+    ref = swiftk.load(str(tiny_dir), persist=False)
+    want = ref.generate(PROMPTS[0], max_new_tokens=16, method="autoregressive").token_ids
+    got = swiftk.generate(PROMPTS[0], model=str(tiny_dir), persist=False, draft_model=str(draft_dir),
+                          draft_vocab=16, max_new_tokens=16)
+    assert got.token_ids == want and got.stats.method == "draft_model"
+    assert main(["generate", PROMPTS[0], "--model", str(tiny_dir), "--draft-model", str(draft_dir), "-n", "8",
+                 "--swift", "draft_vocab=16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["method"] == "draft_model"
+    pytest.importorskip("fastapi")
+    from swiftk.serve.app import Server
+
+    eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), draft_vocab=16)
+    assert Server(eng, "tiny", options={"draft_vocab": 16}).method == "draft_model"
+    with pytest.raises(SwiftkError, match="draft_vocab"):
+        Server(eng, "tiny", options={"draft_vocab": 32})

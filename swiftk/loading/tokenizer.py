@@ -273,6 +273,11 @@ class Tokenizer:
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
+    def ids_fingerprint(self) -> str:
+        """A content id of what the token ids mean (vocabulary, merges, added tokens) without which token ends a
+        sequence: a draft model must propose the target's ids, whatever each file calls end-of-sequence."""
+        return hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()[:16]
+
     # ---- use ----------------------------------------------------------------------------
     def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
         _check_text(text, "text to encode")

@@ -33,11 +33,13 @@ def load_draft_model(engine, ckpt, weights, activations) -> "DraftModel":
     if not hasattr(ckpt, "tokenizer") or not hasattr(ckpt, "config"):
         raise SwiftkError(f"Engine(draft_model=...) takes a loaded checkpoint, got {type(ckpt).__name__}; "
                           "swiftk.load(..., draft_model=NAME_OR_PATH) loads one")
-    if ckpt.tokenizer.fingerprint() != engine.tokenizer.fingerprint() or \
-            ckpt.config.vocab_size != engine.config.vocab_size:
-        raise SwiftkError(f"draft_model {ckpt.identity.get('name') or 'model'!r} does not share the target's "
-                          f"tokenizer (vocabulary {ckpt.config.vocab_size} vs {engine.config.vocab_size}, or "
-                          "different tokens): a draft must propose the target's token ids")
+    name = ckpt.identity.get("name") or "model"
+    if ckpt.tokenizer.ids_fingerprint() != engine.tokenizer.ids_fingerprint():   # its eos may differ (base vs chat)
+        raise SwiftkError(f"draft_model {name!r} does not share the target's tokenizer (other tokens or merges): "
+                          "a draft must propose the target's token ids")
+    if ckpt.config.vocab_size != engine.config.vocab_size:
+        raise SwiftkError(f"draft_model {name!r} scores {ckpt.config.vocab_size} token ids, the target "
+                          f"{engine.config.vocab_size}: its logits must cover the target's vocabulary row for row")
     if ckpt.config.max_position < engine.max_context:
         raise SwiftkError(f"draft_model's context length {ckpt.config.max_position} is shorter than "
                           f"max_context {engine.max_context}")

@@ -130,13 +130,13 @@ class Server:
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
-        if method == "draft_model":   # its check, here rather than failing every request
-            methods.get(method).prepare(engine, engine.decode_config)
         methods.get(method)
         split, opt = split_options(dict(options or {}))
         if opt:
             raise SwiftkError(f"{', '.join(sorted(opt))}: optimizer options belong to the engine (swiftk.load)")
-        updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
+        cfg = updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
+        if method == "draft_model":   # its check (draft_vocab is the load's), here rather than failing every request
+            methods.get(method).prepare(engine, cfg)
         if history_scope == "key" and split.get("prefix_cache") is True:
             raise SwiftkError("prefix_cache=True with history_scope='key': a key's prefill time would show what its "
                               "prompt shares with another key's conversation")
