@@ -7,7 +7,7 @@ from pathlib import Path
 from ..decoding.costs import ema
 from ..errors import SwiftkError
 from ..home import swiftk_home
-from ..methods import Method
+from ..methods import Method, check_no_kvq
 from ..proposers.draft_loop import ModelDrafter
 from .model import load
 from .runner import MoARunner, moa_draft
@@ -47,6 +47,7 @@ class MoA(Method):
     name = "moa"
 
     def prepare(self, engine, cfg) -> None:
+        check_no_kvq(self.name, cfg)
         if engine.resource("drafter") is None:
             load_drafter(engine, engine.drafter_file)
         engine.draft_head(cfg.draft_vocab)
