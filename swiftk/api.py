@@ -10,6 +10,7 @@ from .engine import Engine
 from .errors import SwiftkError
 from .loading.loaders import load_checkpoint
 from .loading.registry import DEFAULT_MODEL, MODELS, resolve_model
+from .options import load_time
 from .runtime.model import WEIGHT_FORMATS, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, cpu_quant
 from .runtime.ops.cpu_quant import ACTIVATIONS
@@ -103,7 +104,7 @@ def generate(prompt, model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str
     load, so it is a load option here too."""
     opts = dict(device=device, dtype=dtype, weights=weights, activations=activations, max_context=max_context,
                 persist=persist, drafter=drafter, draft_model=draft_model, cuda_graphs=cuda_graphs)
-    at_load = {"draft_vocab": kw.pop("draft_vocab")} if draft_model is not None and "draft_vocab" in kw else {}
+    at_load = load_time(draft_model, kw)
     key = (str(model), *(repr(opts[k]) for k in LOAD_OPTIONS), repr(at_load))
     with _lock:
         eng = _engines.get(key)

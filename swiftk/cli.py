@@ -16,7 +16,7 @@ from .errors import SwiftkError
 from .files import check_output_path
 from .home import swiftk_home
 from .loading.registry import DEFAULT_MODEL, MODELS, model_info, pull
-from .options import split_options
+from .options import load_time, split_options
 
 
 def _common(p):
@@ -177,11 +177,6 @@ def _parse_kv(items) -> dict:
     return out
 
 
-def _at_load(draft_model, decode_kw: dict) -> dict:
-    """--swift draft_vocab=N with --draft-model: the draft's head is sized at load, so the option goes there."""
-    return {"draft_vocab": decode_kw.pop("draft_vocab")} if draft_model and "draft_vocab" in decode_kw else {}
-
-
 def _generate(a) -> int:
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
@@ -211,7 +206,7 @@ def _generate(a) -> int:
     persist = False if a.skip_set else None
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
                       drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
-                      **_at_load(a.draft_model, decode_kw))
+                      **load_time(a.draft_model, decode_kw))
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -332,7 +327,7 @@ def _serve(a) -> int:
         raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
                       max_context=a.max_context, draft_model=a.draft_model, **opt_kw,
-                      **_at_load(a.draft_model, decode_kw))
+                      **load_time(a.draft_model, decode_kw))
     name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
     print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
           file=sys.stderr, flush=True)

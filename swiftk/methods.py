@@ -21,6 +21,7 @@ class Method:
     speculative = True     # False: plain decoding, reads and writes no learned state, takes no proposers
     defaults: dict = {}    # decode options whose default this method changes
     takes_skip_set = False
+    takes_kvq = False      # kvq reuses a layer-skip draft's lower layers: only a method with one can apply it
 
     def fixed_skip(self, n_layers: int, identity: dict, exit_layer, skip_set, optimize: bool):
         """The draft's skip set when this call fixes it, else None; a SwiftkError for arguments it does not take."""
@@ -41,18 +42,18 @@ class Method:
         return self.name if fixed is None else bytes(fixed.cpu().to(torch.uint8).tolist())
 
     def prepare(self, engine, cfg) -> None:
-        """Build what the method needs before the timed loop (draft head, trained drafter)."""
-        check_no_kvq(self.name, cfg)
+        """Check the decode options against the method, then build what it needs before the timed loop."""
+        if cfg.kvq and not self.takes_kvq:
+            raise SwiftkError(f"kvq is an option of the layer-skip methods (swift, static, early_exit), "
+                              f"not {self.name!r}")
+        self.build(engine, cfg)
+
+    def build(self, engine, cfg) -> None:
+        """What the method builds once, before the timed loop (draft head, trained drafter, its own checks)."""
 
     def drafter(self, engine, state, cfg, fixed):
         """The model drafter for one call (proposers.layerskip.LayerSkipDraft or alike), or None."""
         return None
-
-
-def check_no_kvq(name: str, cfg) -> None:
-    """kvq reuses a layer-skip draft's lower layers: a method without one cannot apply it."""
-    if cfg.kvq:
-        raise SwiftkError(f"kvq is an option of the layer-skip methods (swift, static, early_exit), not {name!r}")
 
 
 class Autoregressive(Method):
@@ -62,12 +63,12 @@ class Autoregressive(Method):
 
 class LayerSkip(Method):
     """SWIFT: the layer-skip draft with the learned, searched skip set (or a given one), plus the free sources."""
-    name, takes_skip_set = "swift", True
+    name, takes_skip_set, takes_kvq = "swift", True, True
 
     def state_key(self, fixed):
         return None if fixed is None else super().state_key(fixed)
 
-    def prepare(self, engine, cfg) -> None:
+    def build(self, engine, cfg) -> None:
         engine.draft_head(cfg.draft_vocab)   # its token ranking takes ~2 s once per machine: not in the loop
 
     def drafter(self, engine, state, cfg, fixed):
@@ -103,12 +104,11 @@ class DraftModel(Method):
     the default method of an engine loaded with one."""
     name = "draft_model"
 
-    def prepare(self, engine, cfg) -> None:
+    def build(self, engine, cfg) -> None:
         if engine.resource("draft_model") is None:
             raise SwiftkError("method='draft_model' needs a draft model: swiftk.load(MODEL, draft_model=NAME_OR_PATH)")
         if cfg.draft_vocab != engine.decode_config.draft_vocab:
             raise SwiftkError("draft_vocab of a draft model is set at load: swiftk.load(..., draft_vocab=N)")
-        check_no_kvq(self.name, cfg)
 
     def drafter(self, engine, state, cfg, fixed):
         runner = engine.resource("draft_model")

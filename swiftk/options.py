@@ -158,6 +158,12 @@ def updated(base, kw: dict):
         raise SwiftkError(str(e)) from None
 
 
+def load_time(draft_model, kw: dict) -> dict:
+    """The options taken out of ``kw`` that a load must get rather than a call: with a draft model, draft_vocab
+    (it sizes the draft model's head)."""
+    return {"draft_vocab": kw.pop("draft_vocab")} if draft_model is not None and "draft_vocab" in kw else {}
+
+
 def split_options(kw: dict) -> tuple:
     """(decode options, optimizer options); unknown names raise."""
     dec, opt = option_names(DecodeConfig), option_names(OptimizerConfig)

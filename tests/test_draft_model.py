@@ -211,6 +211,8 @@ def test_the_server_serves_the_engines_default_and_refuses_a_missing_draft_model
     with pytest.raises(SwiftkError, match="needs a draft model"):
         Server(plain, "tiny", method="draft_model")
     assert Server(plain, "tiny").method == "swift"
+    with pytest.raises(SwiftkError, match="kvq is an option of the layer-skip methods"):   # any method's checks
+        Server(plain, "tiny", method="ngram", options={"kvq": True})
     eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir))
     assert Server(eng, "tiny").method == "draft_model"
 

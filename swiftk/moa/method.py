@@ -7,7 +7,7 @@ from pathlib import Path
 from ..decoding.costs import ema
 from ..errors import SwiftkError
 from ..home import swiftk_home
-from ..methods import Method, check_no_kvq
+from ..methods import Method
 from ..proposers.draft_loop import ModelDrafter
 from .model import load
 from .runner import MoARunner, moa_draft
@@ -46,8 +46,7 @@ class MoA(Method):
     """Free drafts + a small trained drafter on the target's KV cache (experimental)."""
     name = "moa"
 
-    def prepare(self, engine, cfg) -> None:
-        check_no_kvq(self.name, cfg)
+    def build(self, engine, cfg) -> None:
         if engine.resource("drafter") is None:
             load_drafter(engine, engine.drafter_file)
         engine.draft_head(cfg.draft_vocab)

@@ -24,8 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import methods
-from ..options import updated
-from ..options import split_options
+from ..options import split_options, updated
 from ..errors import SwiftkError
 from ..decoding.output import check_lengths
 from ..decoding.sampler import SamplingParams
@@ -130,13 +129,13 @@ class Server:
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
-        methods.get(method)
+        m = methods.get(method)
         split, opt = split_options(dict(options or {}))
         if opt:
             raise SwiftkError(f"{', '.join(sorted(opt))}: optimizer options belong to the engine (swiftk.load)")
         cfg = updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
-        if method == "draft_model":   # its check (draft_vocab is the load's), here rather than failing every request
-            methods.get(method).prepare(engine, cfg)
+        if m.speculative:   # the method's own checks and what it builds once, here rather than in every request
+            m.prepare(engine, cfg)
         if history_scope == "key" and split.get("prefix_cache") is True:
             raise SwiftkError("prefix_cache=True with history_scope='key': a key's prefill time would show what its "
                               "prompt shares with another key's conversation")
