@@ -50,7 +50,7 @@
 #define SWI_VNNI 0
 #endif
 // AVX-512 VNNI: passes of 2 rows or more run on 512-bit vectors, two activation rows per vector (below)
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define SWI_V512 1
 #else
 #define SWI_V512 0
