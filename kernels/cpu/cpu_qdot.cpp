@@ -892,20 +892,20 @@ void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span&
   // the first 8 pairs indexed on XP itself: through the pointer view a pass of 16 rows ran ~5% slower
   if (p0 == 0) direct2<T, MP>(p, (int)nblk, Y, S, acc);
   else direct2<T, MP>(p, (int)nblk, pairs_from(Y, p0), S, acc);
-  // lanes 2r + h (column n0 + r of row 2 (p0 + m) + h) to two rows of 8: a permute and two masked stores (the
-  // scalar stores they replace took 11-13% of the pairs path at 8-16 rows, bench.qdot_ab)
+  // lanes 2r + h hold column n0 + r of row 2 (p0 + m) + h: one permute makes them two rows of 8, each one store
+  // (masked in a short last group), where element-wise stores cost the small passes several percent
   const __m512i rows2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   const bool whole = N - n0 >= 8;
   const __mmask8 cols = (__mmask8)(whole ? 0xFF : (1u << (N - n0)) - 1);
+  auto put = [&](int64_t row, fv v) {
+    if (whole) _mm256_storeu_ps(y + row * ldy + n0, v);
+    else _mm256_mask_storeu_ps(y + row * ldy + n0, cols, v);
+  };
   for (int m = 0; m < MP; m++) {
-    const zf o = _mm512_permutexvar_ps(rows2, acc[m]);
+    const zv o = _mm512_castps_si512(_mm512_permutexvar_ps(rows2, acc[m]));
     const int64_t row = 2 * (p0 + m);
-    const fv a = _mm512_castps512_ps256(o), b = _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(o), 1));
-    if (whole) _mm256_storeu_ps(y + row * ldy + n0, a);
-    else _mm256_mask_storeu_ps(y + row * ldy + n0, cols, a);
-    if (row + 1 >= M) continue;
-    if (whole) _mm256_storeu_ps(y + (row + 1) * ldy + n0, b);
-    else _mm256_mask_storeu_ps(y + (row + 1) * ldy + n0, cols, b);
+    put(row, _mm256_castsi256_ps(_mm512_castsi512_si256(o)));
+    if (row + 1 < M) put(row + 1, _mm256_castsi256_ps(_mm512_extracti64x4_epi64(o, 1)));
   }
 }
 
