@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     print(f"median idle default / AR: {med:.3f}x (target <= 1.01x)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"idle_rounds_{Path(a.model).stem}_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = out / f"idle_rounds_{Path(a.model).name.removesuffix('.gguf')}_{time.strftime('%Y%m%d-%H%M%S')}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"args": vars(a), "machine": machine_info(eng.device, torch.get_num_threads()),
                                "prompts": len(ids), "median_idle_over_ar": med, "reps": reps}, indent=1))
