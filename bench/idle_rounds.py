@@ -14,7 +14,6 @@ Writes bench/results/idle_rounds_<model>_<date>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import types
@@ -38,6 +37,7 @@ def main(argv=None) -> int:
     import torch
     import swiftk
     from bench.e2e import build_prompts, machine_info
+    from swiftk.atomic import write_json_atomic
 
     eng_ar, eng = swiftk.load(a.model), swiftk.load(a.model)
     prompts = build_prompts(eng, ["mtbench", "humaneval"], a.n, a.n_mtbench, a.max_new_tokens, a.skip,
@@ -92,13 +92,10 @@ def main(argv=None) -> int:
               f"verify rounds {row['verify_rounds']}", flush=True)
     med = statistics.median(x["idle_over_ar"] for x in reps)
     print(f"median idle default / AR: {med:.3f}x (target <= 1.01x)")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"idle_rounds_{Path(a.model).name.removesuffix('.gguf')}_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"args": vars(a), "machine": machine_info(eng.device, torch.get_num_threads()),
-                               "prompts": len(ids), "median_idle_over_ar": med, "reps": reps}, indent=1))
-    tmp.rename(path)
+    model = Path(a.model).name.removesuffix('.gguf')   # a registry name whole, a file's stem
+    path = Path(a.out) / f"idle_rounds_{model}_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    write_json_atomic(path, {"args": vars(a), "machine": machine_info(eng.device, torch.get_num_threads()),
+                             "prompts": len(ids), "median_idle_over_ar": med, "reps": reps})
     print(f"wrote {path}")
     return 0
 

@@ -14,7 +14,6 @@ Writes bench/results/round_costs_<model>_<date>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ def main(argv=None) -> int:
     import swiftk
     import swiftk.decoding.loop as loop
     from bench.e2e import build_prompts, machine_info
+    from swiftk.atomic import write_json_atomic
     from swiftk.decoding.session import Session
 
     eng_ar, eng = swiftk.load(a.model), swiftk.load(a.model)
@@ -92,10 +92,9 @@ def main(argv=None) -> int:
                                                state=state)
                         finally:
                             last["on"] = False
-                        s = out.stats
                         tot["plain_n"] += len(steps) - n0
                         tot["plain_s"] += sum(x[1] for x in steps) - t0
-                        tot["timed_s"] += s.time_verify_s
+                        tot["timed_s"] += out.stats.time_verify_s
                     s = out.stats
                     tot[f"{arm}_s"] += s.wall_time_s - s.time_prefill_s
                     tot[f"{arm}_tokens"] += s.new_tokens - 1
@@ -119,13 +118,10 @@ def main(argv=None) -> int:
     for k, v in med.items():
         print(f"plain step {k.replace('_', ' ')}: median {v['step_us']:.0f} us, host before it "
               f"{v['host_before_us']:.0f} us ({v['n']} steps)")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"round_costs_{Path(a.model).name.removesuffix('.gguf')}_{time.strftime('%Y%m%d-%H%M%S')}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"args": vars(a), "machine": machine_info(eng.device, torch.get_num_threads()),
-                               "prompts": len(items), **res}, indent=1))
-    tmp.rename(path)
+    model = Path(a.model).name.removesuffix('.gguf')   # a registry name whole, a file's stem
+    path = Path(a.out) / f"round_costs_{model}_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    write_json_atomic(path, {"args": vars(a), "machine": machine_info(eng.device, torch.get_num_threads()),
+                             "prompts": len(items), **res})
     print(f"wrote {path}")
     return 0
 
