@@ -33,14 +33,24 @@ def _build(rev: str, out: Path) -> ctypes.CDLL:
 
     src = out / rev.replace("/", "_").replace("~", "_")
     src.mkdir(parents=True)
-    for name in ("cpu_qdot.cpp", "cpu_gguf.h"):
+    units = [src / "cpu_qdot.cpp"]
+    for name in ("cpu_qdot.cpp", "cpu_gguf.h", "cpu_pool.h", "cpu_pool.cpp"):   # revisions before the pool: OpenMP
         path = f"kernels/cpu/{name}"
-        text = (ROOT / path).read_text() if rev == "WORKTREE" else subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
+        if rev == "WORKTREE":
+            text = (ROOT / path).read_text()
+        else:
+            r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+            if r.returncode != 0 and name.startswith("cpu_pool"):
+                continue
+            r.check_returncode()
+            text = r.stdout
         (src / name).write_text(text)
+        if name == "cpu_pool.cpp":
+            units.append(src / name)
     so = src / "qdot.so"
     cxx = shutil.which("g++") or "c++"
-    subprocess.run([cxx, *FLAGS, "-o", str(so), str(src / "cpu_qdot.cpp")], check=True)
+    omp = ["-fopenmp"] if "omp.h" in (src / "cpu_qdot.cpp").read_text() else []
+    subprocess.run([cxx, *FLAGS, *omp, "-o", str(so), *map(str, units)], check=True)
     lib = ctypes.CDLL(str(so))
     lib.swk_qi_linear_ld.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]

@@ -208,7 +208,8 @@ def _build(tmp_path, march):
         pytest.skip("no C++ compiler")
     so = tmp_path / f"cpu_qdot_{march}.so"
     flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    r = subprocess.run([cxx, *flags, "-o", str(so), str(source_path("cpu_qdot.cpp"))], capture_output=True,
+    r = subprocess.run([cxx, *flags, "-o", str(so), str(source_path("cpu_qdot.cpp")), str(source_path("cpu_pool.cpp"))],
+                       capture_output=True,
                        text=True, timeout=300)
     if r.returncode != 0 and "unknown" in r.stderr and march in r.stderr:
         pytest.skip(f"this compiler does not know -march={march}")
@@ -286,8 +287,11 @@ w8 = cpu_quant.repack(torch.from_numpy(gq.quantize(rng.standard_normal((8, K)).a
 w4 = torch.from_numpy(rng.integers(0, 64, (8, K // 256 * 144), dtype=np.uint8))
 vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (48 << 20), resource.RLIM_INFINITY))
-for call in (lambda: cpu_quant.linear(x, w8, Q.Q8_0, K, act="int8", packed=True),
-             lambda: cpu_quant.linear(x, w4, Q.Q4_K, K)):
+calls = [lambda: cpu_quant.linear(x, w8, Q.Q8_0, K, act="int8", packed=True),
+         lambda: cpu_quant.linear(x, w4, Q.Q4_K, K, act="int8")]
+if cpu_quant.isa() == 512:   # the float path allocates only where Q4_K has its AVX-512 kernel
+    calls.append(lambda: cpu_quant.linear(x, w4, Q.Q4_K, K))
+for call in calls:
     try:
         call()
         print("computed")
@@ -308,5 +312,6 @@ def test_a_kernel_that_cannot_allocate_says_so(tmp_path):
                        env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
-    assert lines[:2] == ["refused: cpu quant linear: out of memory for the kernel's buffers"] * 2, r.stdout
-    assert lines[2] == "same after", r.stdout
+    assert len(lines) in (3, 4) and set(lines[:-1]) == {"refused: cpu quant linear: out of memory for the kernel's "
+                                                        "buffers"}, r.stdout
+    assert lines[-1] == "same after", r.stdout

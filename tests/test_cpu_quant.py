@@ -150,7 +150,8 @@ def test_other_paths(tmp_path, march):
         pytest.skip("no C++ compiler")
     so = tmp_path / f"cpu_quant_{march}.so"
     flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    subprocess.run([cxx, *flags, "-o", str(so), str(source_path("cpu_quant.cpp")), str(source_path("cpu_qdot.cpp"))],
+    subprocess.run([cxx, *flags, "-o", str(so), *(str(source_path(n)) for n in ("cpu_quant.cpp", "cpu_qdot.cpp",
+                                                                                 "cpu_pool.cpp"))],
                    check=True, timeout=300)
     lib = ctypes.CDLL(str(so))
     assert lib.swk_q_isa() == (256 if march == "haswell" else 0)

@@ -1,15 +1,17 @@
-/* swiftk CPU C ABI: the CPU decode kernels (kernels/cpu/cpu_decode.cpp, which includes kernels/cpu/cpu_linear.cpp), callable
- * from any C/C++ host, no Python or torch needed. The sibling of swiftk.h (the CUDA kernels); needs no CUDA.
+/* swiftk CPU C ABI: the CPU decode kernels (kernels/cpu/: cpu_decode.cpp with the layer loop and the float matmul,
+ * cpu_quant.cpp and cpu_qdot.cpp with the GGUF block matmuls, cpu_pool.cpp with their thread pool), callable from
+ * any C/C++ host and any of its threads, no Python or torch needed. The sibling of swiftk.h (the CUDA kernels).
  *
- * Build: compile kernels/cpu/cpu_decode.cpp as one translation unit with -fopenmp and -mavx2 -mfma or -march=native
+ * Build: one shared library from those four translation units with -pthread and -mavx2 -mfma or -march=native
  * (AVX2+FMA or AVX-512 F/BW/VL; the vector width is chosen at compile time), e.g. examples/CMakeLists.txt.
- * swiftk's Python runtime builds the same file at first use and calls these functions through ctypes
- * (swiftk/runtime/ops/cpu_linear.py), filling the layer table in swiftk/runtime/weights.py `fused_layer_table`.
+ * swiftk's Python runtime builds the same library at first use and calls these functions through ctypes
+ * (swiftk/runtime/ops/native.py), filling the layer table in swiftk/runtime/weights.py `fused_layer_table`.
  *
  * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
  * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions
  * return SWK_CPU_OK, or SWK_CPU_ERR_ARG when an argument is invalid (then nothing is written). nthreads >= 1
- * OpenMP threads. Results are batch invariant: a row's output never depends on M / T or the thread count.
+ * threads of the library's own pool (one per process, shared by every calling thread; the calling thread is one of
+ * them). Results are batch invariant: a row's output never depends on M / T or the thread count.
  */
 #ifndef SWIFTK_CPU_H_
 #define SWIFTK_CPU_H_
@@ -118,6 +120,12 @@ SWIFTK_API void swk_set_attention_tiles(int on);
 
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */
 SWIFTK_API int swk_layer_table_width(void);
+
+/* Threads of the regions that take no count from their caller (the block matmuls); returns the previous value. */
+SWIFTK_API int swk_set_threads(int n);
+
+/* Worker threads the pool has started (regions from every host thread share them). */
+SWIFTK_API int swk_pool_workers(void);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <omp.h>
 
 #include <new>
 #include <vector>
@@ -31,6 +30,7 @@
 #endif
 
 #include "cpu_gguf.h"
+#include "cpu_pool.h"
 #include "cpu_linear.cpp"
 #include "cpu_topk.cpp"
 #include "cpu_ngram.cpp"
@@ -500,7 +500,7 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     for (int64_t s = 0; s < S && !any; s++) any = vis[t * S + s] != 0;
     if (!any) return -1;
   }
-  try {   // every buffer is sized before an OpenMP region: a failed allocation (or a block part's) lands here
+  try {   // every buffer is sized before a parallel region: a failed allocation (or a block part's) lands here
     const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
     const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
     std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
@@ -539,34 +539,32 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           }
         }
         if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
-          for (int64_t j = 0; j < KV * nb; j++) {
+          swk_pool::parallel_for(KV * nb, T * H * S * hd > 65536 ? nthreads : 1, [&](int64_t j, int tid) {
             const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
-            float* w = scratch.data() + (size_t)omp_get_thread_num() * per_thread;
+            float* w = scratch.data() + (size_t)tid * per_thread;
             float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
             const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
-          }
+          });
         } else {
           // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
           // thread busy (a decode step keeps one head per item); a head's result is the same bits either way
           const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * S * hd > 65536)
-          for (int64_t j = 0; j < work; j++) {
+          swk_pool::parallel_for(work, T * H * S * hd > 65536 ? nthreads : 1, [&](int64_t j, int tid) {
             const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
             const int64_t nh = std::min(per, g * G + G - h0);
-            float* p = probs.data() + (size_t)omp_get_thread_num() * 4 * Sp;
+            float* p = probs.data() + (size_t)tid * 4 * Sp;
             const float* q = qkv.data() + t * NQKV + h0 * hd;
             const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             float* out = att.data() + (t * H + h0) * hd;
 #if SWK_W == 16
-            if (nh == 4) { attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-            if (nh == 3) { attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
-            if (nh == 2) { attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out); continue; }
+            if (nh == 4) return attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
+            if (nh == 3) return attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
+            if (nh == 2) return attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
 #endif
             for (int64_t i = 0; i < nh; i++)
               attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
-          }
+          });
         }
         linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
                    nthreads);

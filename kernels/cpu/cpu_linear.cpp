@@ -11,10 +11,10 @@
 // whatever M, the blocking or the thread count, so a token's logits in a verify pass equal its logits in a
 // one-token step bit for bit.
 //
-// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time (swiftk/runtime/ops/cpu_ops.py builds this file at first
-// use with the host's flags); threads: OpenMP, which in a torch process is torch's own libgomp.
+// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time; threads: the library's pool (cpu_pool.h).
 #include <stdint.h>
 
+#include "cpu_pool.h"
 #include "cpu_simd.h"
 
 #if SWK_ISA == 0
@@ -190,12 +190,11 @@ template <int WT, int R>
 void blocks(const float* x, int64_t M, int64_t K, const char* w, const float* scale, float* y, int64_t N,
             int nthreads) {
   const int64_t nblocks = N / R;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t b = 0; b < nblocks; b++) {
+  swk_pool::parallel_for(nblocks, nthreads, [&](int64_t b, int) {
     if (M == 1) tile<WT, R, 1>(x, K, w, scale, y, N, b * R, 0);
     else if (M == 2 && R == NR_SMALL_M) tile<WT, R, 2>(x, K, w, scale, y, N, b * R, 0);
     else rows<WT, R>(x, M, K, w, scale, y, N, b * R);
-  }
+  });
   for (int64_t n0 = nblocks * R; n0 < N; n0++) rows<WT, 1>(x, M, K, w, scale, y, N, n0);
 }
 

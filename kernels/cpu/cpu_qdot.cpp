@@ -27,7 +27,6 @@
 // r against rows a, b): each lane runs the 8-lane path's integers and float ops, so the bits do not change.
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,6 +35,7 @@
 #include <vector>
 
 #include "cpu_gguf.h"
+#include "cpu_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SWI_SIMD 1
@@ -150,8 +150,7 @@ void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
   X.s.resize(X.d.size());
   X.ds.resize(X.d.size());
   X.s16.resize((size_t)(M * (K / 16)));
-#pragma omp parallel for schedule(static) if (M >= 4 && M * K >= (1 << 13))
-  for (int64_t m = 0; m < M; m++) {
+  swk_pool::parallel_for(M, M >= 4 && M * K >= (1 << 13) ? swk_pool::threads() : 1, [&](int64_t m, int) {
     for (int64_t b = 0; b < K / 32; b++) {
       const int64_t i = m * (K / 32) + b;
       int8_t* q = X.q.data() + m * K + 32 * b;
@@ -171,7 +170,7 @@ void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
       X.s[i] = t0 + t1;
       X.ds[i] = X.d[i] * (float)X.s[i];
     }
-  }
+  });
 }
 
 // ---- the scalar definition --------------------------------------------------------------------------------------
@@ -253,13 +252,13 @@ template <int T>
 void linear_ref(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
   constexpr int BS = Fmt<T>::BS, TS = Fmt<T>::TS;
   const int64_t K = X.K, rb = K / BS * TS;
-#pragma omp parallel for schedule(static) if (N * K >= 65536)
-  for (int64_t n = 0; n < N; n++)
+  swk_pool::parallel_for(N, N * K >= 65536 ? swk_pool::threads() : 1, [&](int64_t n, int) {
     for (int64_t m = 0; m < X.M; m++) {
       float acc = 0.f;
       for (int64_t b = 0; b < K / BS; b++) acc = ref_block<T>(w + n * rb + b * TS, X, m, b, acc);
       y[m * ldy + n] = acc;
     }
+  });
 }
 
 // ---- the packed layout ------------------------------------------------------------------------------------------
@@ -301,12 +300,11 @@ void group_permute(uint8_t* packed, uint8_t* const* rows, int64_t nblk) {
 template <int T>
 void repack(const uint8_t* src, int64_t N, int64_t K, uint8_t* dst) {
   const int64_t rb = K / Fmt<T>::BS * Fmt<T>::TS, full = N / 8;
-#pragma omp parallel for schedule(static) if (N * rb >= (1 << 22))
-  for (int64_t g = 0; g < full; g++) {
+  swk_pool::parallel_for(full, N * rb >= (1 << 22) ? swk_pool::threads() : 1, [&](int64_t g, int) {
     uint8_t* rows[8];
     for (int r = 0; r < 8; r++) rows[r] = const_cast<uint8_t*>(src) + (8 * g + r) * rb;
     group_permute<T, true>(dst + 8 * g * rb, rows, K / Fmt<T>::BS);
-  }
+  });
   memcpy(dst + 8 * full * rb, src + 8 * full * rb, (size_t)((N - 8 * full) * rb));
 }
 
@@ -786,8 +784,7 @@ void pair_rows(const QX& X, XP& Y) {
   // the pairs split over the threads; each pair's two rows of words interleaved 16 at a time
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-#pragma omp parallel for schedule(static) if (P >= 2 && P * K >= (1 << 12))
-  for (int64_t p = 0; p < P; p++) {
+  swk_pool::parallel_for(P, P >= 2 && P * K >= (1 << 12) ? swk_pool::threads() : 1, [&](int64_t p, int) {
     const int64_t ma = 2 * p, mb = 2 * p + 1 < M ? 2 * p + 1 : M - 1;   // an odd M's last row paired with itself
     const int32_t* qa = (const int32_t*)(X.q.data() + ma * K);   // K is a multiple of 32: whole words
     const int32_t* qb = (const int32_t*)(X.q.data() + mb * K);
@@ -805,7 +802,7 @@ void pair_rows(const QX& X, XP& Y) {
         Y.d[o] = X.d[a], Y.s[o] = X.s[a], Y.ds[o] = X.ds[a];
         memcpy(&Y.s16[o], X.s16.data() + 2 * a, 4);
       }
-  }
+  });
 }
 
 // The weight side of the float epilogue of 32 elements j, duplicated to 16 lanes once for all pairs.
@@ -930,7 +927,7 @@ void pairs_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M,
 #endif
 
 
-// w: packed (swk_qi_repack). Tiles of 2 groups of 8 rows over the OpenMP threads; a last group of fewer rows is
+// w: packed (swk_qi_repack). Tiles of 2 groups of 8 rows over the pool's threads; a last group of fewer rows is
 // packed here, its missing rows copies of its last one.
 template <int T>
 void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
@@ -959,8 +956,7 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
     thread_local XP pairs;
     pair_rows(X, pairs);
     const XP& Y = pairs;   // the caller's (a thread_local named inside the parallel loop is each thread's own)
-#pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
-    for (int64_t g = 0; g < ng; g++) {
+    swk_pool::parallel_for(ng, ng > 1 && N * K >= 65536 ? swk_pool::threads() : 1, [&](int64_t g, int) {
       Span S;
       switch (Y.P) {   // 5..16 rows: one unpacking of 3 to 8 pairs (in pairs_rows' loop, 8 rows ran ~4% slower);
                        // 2-4 rows and 17 or more: pairs_rows
@@ -972,14 +968,13 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
         case 8: direct2_rows<T, 8>(group(g), nblk, Y, 0, S, M, 8 * g, N, y, ldy); break;
         default: pairs_rows<T>(group(g), nblk, Y, S, M, 8 * g, N, y, ldy); break;
       }
-    }
+    });
     if (pairs.q.size() > (1u << 20)) pairs = XP();   // a prefill's copy is not kept past its call
     return;
   }
 #endif
   if (M <= kDirectMax<T>) {   // a decode step: each group's blocks straight from memory into the products
-#pragma omp parallel for schedule(static) if (ng > 1 && N * K >= 65536)
-    for (int64_t g = 0; g < ng; g++) {
+    swk_pool::parallel_for(ng, ng > 1 && N * K >= 65536 ? swk_pool::threads() : 1, [&](int64_t g, int) {
       Span S;
       alignas(32) float out[4 * 8];
       for (int64_t m0 = 0; m0 < M; m0 += 4) {   // rows 4 at a time: the group's blocks are in L1 after the first
@@ -993,21 +988,21 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
         for (int m = 0; m < mt; m++)
           for (int r = 0; r < 8 && 8 * g + r < N; r++) y[(m0 + m) * ldy + 8 * g + r] = out[8 * m + r];
       }
-    }
+    });
     return;
   }
-  // each thread's accumulators, allocated here: an exception must not leave an OpenMP region (std::terminate)
+  // each thread's accumulators, allocated here: an exception must not leave a parallel region (std::terminate)
   thread_local std::vector<float> accv;
   const int64_t per = 2 * M * 8;
-  accv.resize((size_t)(per * omp_get_max_threads()));
-#pragma omp parallel if (nt > 1 && N * K >= 65536)
-  {
+  const int nth = nt > 1 && N * K >= 65536 ? swk_pool::threads() : 1;
+  accv.resize((size_t)(per * nth));
+  float* const accs = accv.data();   // the caller's: a thread_local named inside the region is each thread's own
+  swk_pool::parallel_range(nt, nth, [&](int64_t t0, int64_t t1, int tid) {
     Span S[2];
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < nt; t++) {   // a tile: groups 2t and 2t + 1 (the last may be alone)
+    for (int64_t t = t0; t < t1; t++) {   // a tile: groups 2t and 2t + 1 (the last may be alone)
       const int NG = 2 * t + 1 < ng ? 2 : 1;
       const int64_t n0 = 16 * t;
-      float* acc = accv.data() + per * omp_get_thread_num();
+      float* acc = accs + per * tid;
       memset(acc, 0, sizeof(float) * 8 * NG * M);
       for (int64_t b0 = 0; b0 < nblk; b0 += SPAN) {
         const int nb = (int)(nblk - b0 < SPAN ? nblk - b0 : SPAN);
@@ -1022,7 +1017,7 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
         for (int64_t m = 0; m < M; m++)
           for (int r = 0; r < 8 && n0 + 8 * g + r < N; r++) y[m * ldy + n0 + 8 * g + r] = acc[8 * (g * M + m) + r];
     }
-  }
+  });
   if (tail.size() > (1u << 16)) std::vector<uint8_t>().swap(tail);
   if (accv.size() > (1u << 16)) std::vector<float>().swap(accv);
 }
@@ -1066,7 +1061,7 @@ int run(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N
   if (bs < 0) return -2;
   if (K % bs) return -3;
   thread_local QX X;   // reused across calls: a decode step allocates nothing
-  try {   // buffers are sized before any OpenMP region, so a failed allocation lands here (no exception crosses C)
+  try {   // buffers are sized before any parallel region, so a failed allocation lands here (no exception crosses C)
     quantize(x, M, K, X, !ref);
     const uint8_t* wb = (const uint8_t*)w;
     by_type(type, [&](auto t) {
@@ -1119,7 +1114,7 @@ int swk_qi_unpack_rows(int type, const void* packed, int64_t N, int64_t K, const
 
 // y[M, N] (float32, ldy floats per row) = x[M, K] (float32) @ W^T with x quantized to int8 as the file header says,
 // W = N rows of ggml type `type` packed by swk_qi_repack. Return codes as swk_q_linear_ld (0 done; -1 null pointer
-// or bad size; -2 unknown type; -3 K not a multiple of the block size; -4 out of memory). Threads: OpenMP's default.
+// or bad size; -2 unknown type; -3 K not a multiple of the block size; -4 out of memory). Threads: swk_set_threads'.
 int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                      int64_t ldy) {
   return run(x, M, K, w, type, N, y, ldy, false);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cpu_gguf.h"
+#include "cpu_pool.h"
 #include "cpu_simd.h"
 
 namespace {
@@ -402,15 +403,14 @@ void rows_span(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t r
   }
 }
 
-// Row groups of R weight rows, then the N % R rows left one by one, spread over the OpenMP threads.
+// Row groups of R weight rows, then the N % R rows left one by one, spread over the pool's threads.
 template <int R, class G, class S>
 void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
   const int64_t ng = N / R, n = ng + N % R;
-#pragma omp parallel for schedule(static) if (N * K >= 65536)
-  for (int64_t i = 0; i < n; i++) {
+  swk_pool::parallel_for(n, N * K >= 65536 ? swk_pool::threads() : 1, [&](int64_t i, int) {
     if (i < ng) group(i * R);
     else single(ng * R + (i - ng));
-  }
+  });
 }
 
 #if SWK_ISA == 512
@@ -613,11 +613,11 @@ void linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, f
 template <int T>
 void dequant(const uint8_t* blocks, int64_t n, float* out) {
   const int64_t nb = n / Fmt<T>::BS;
-#pragma omp parallel for schedule(static) if (nb >= 16384)
-  for (int64_t i = 0; i < nb; i++)
+  swk_pool::parallel_for(nb, nb >= 16384 ? swk_pool::threads() : 1, [&](int64_t i, int) {
     decode<T>(blocks + i * Fmt<T>::TS, [&](int c, const vec (&wv)[NV]) {
       for (int v = 0; v < NV; v++) vst(out + i * Fmt<T>::BS + c * 32 + v * W, wv[v]);
     });
+  });
 }
 
 }  // namespace
@@ -661,7 +661,7 @@ int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
 
 // y[M, N] (float32, row-major, ldy floats per row: y may be a column slice of a wider output) = x[M, K]
 // (float32, row-major) @ W^T, W = N rows of K / block_size consecutive blocks of type `type` (ggml's layout of a
-// [N, K] weight). Threads: OpenMP's default (torch's setting in torch). `type` | SWK_Q_INT8_ACT: the same with the
+// [N, K] weight). Threads: swk_set_threads' (swiftk sets torch's). `type` | SWK_Q_INT8_ACT: the same with the
 // rows of x quantized to int8 (kernels/cpu/cpu_qdot.cpp).
 int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
                     int64_t ldy) {
@@ -671,7 +671,7 @@ int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int typ
   if (bs < 0) return -2;
   if (K % bs) return -3;
   const uint8_t* wb = (const uint8_t*)w;
-  try {   // Q4_K's activation buffer is sized before its OpenMP region: a failed allocation lands here
+  try {   // Q4_K's activation buffer is sized before its parallel region: a failed allocation lands here
     switch (type) {
       case Q4_0: linear<Q4_0>(x, M, K, wb, N, y, ldy); break;
       case Q4_1: linear<Q4_1>(x, M, K, wb, N, y, ldy); break;

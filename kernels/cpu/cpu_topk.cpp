@@ -8,7 +8,7 @@
 // than every number (torch's max reductions propagate it), so a NaN row's argmax is its first NaN.
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
+#include "cpu_pool.h"
 #include <stdint.h>
 
 #include <new>
@@ -76,12 +76,11 @@ bool topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, in
     delete[] cn;
     return false;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t w = 0; w < M * parts; w++) {
+  swk_pool::parallel_for(M * parts, parts, [&](int64_t w, int) {
     const int64_t m = w / parts, lo = (w % parts) * chunk, hi = lo + chunk < V ? lo + chunk : V;
     const float* row = x + (rows ? rows[m] : m) * V;
     cn[w] = lo < hi ? row_topk(row, hi, k, ci + w * k, lo, cv + w * k) : 0;
-  }
+  });
   for (int64_t m = 0; m < M; m++) {
     int at[MAX_PARTS] = {0};
     for (int j = 0; j < k; j++) {
@@ -106,7 +105,7 @@ bool topk_parallel(const float* x, const int64_t* rows, int64_t M, int64_t V, in
 // out[M, k] int64 = indices of the k largest of rows rows[0..M) (all M rows in order when rows is null) of x[., V]
 // (row-major, float32), in the order above; 1 <= k <= min(V, 64).
 void topk(const float* x, const int64_t* rows, int64_t M, int64_t V, int k, int64_t* out) {
-  int parts = omp_get_max_threads();
+  int parts = swk_pool::threads();
   parts = parts < MAX_PARTS ? parts : MAX_PARTS;
   if (parts > 1 && V >= PAR_MIN && V / parts >= 8 * k && topk_parallel(x, rows, M, V, k, out, parts)) return;
   for (int64_t m = 0; m < M; m++) row_topk(x + (rows ? rows[m] : m) * V, V, k, out + m * k);

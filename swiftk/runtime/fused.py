@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SwiftkError
-from .ops import cpu_linear
+from .ops import cpu_linear, native
 from .ops import reference as reference_ops
 from .ops.masks import BoundedMask, TreeMask
 from .weights import KERNEL_MAX_ROWS, fused_layer_table
@@ -36,6 +36,7 @@ class FusedCPULayers:
         fl = self._fused_flags(flags)
         h = h.contiguous().clone()
         fn, width = cpu_linear.layers_fn(), table.shape[1]
+        native.sync_threads()   # the block matmuls inside take the pool's default count
 
         def run(a, b):
             if b <= a:

@@ -1,42 +1,27 @@
-"""The CPU linear kernel (``kernels/cpu/cpu_linear.cpp``): build for this host at first use, load, call.
+"""The CPU kernels' float ops: ``kernels/cpu/cpu_linear.cpp`` (the skinny matmul), the fused layer loop
+(``cpu_decode.cpp``), top-k and acceptance's greedy walk (``cpu_topk.cpp``), the n-gram chain walk
+(``cpu_ngram.cpp``), bound from the one kernel library (ops/native.py builds and loads it).
 
 ``linear(x, w, scale=None)`` computes ``x @ w.T`` (times ``scale`` per output row for int8 weights) for the few
 rows of a decode step, a draft step or a verify pass; see the .cpp file for why it beats MKL there and for its
 batch invariance. Its torch twin is :func:`swiftk.runtime.ops.reference.linear`.
 
-Build: ``g++ -O3 -march=native -fopenmp`` (``$CXX`` if set) into ``$SWIFTK_HOME/build/`` under a name that hashes
-the source, the flags, the compiler and this CPU's model and feature flags (a home shared between machines never
-loads a build made for another CPU); compiled under a temporary name, then renamed, so concurrent first uses are
-safe. Takes ~1-2 s once. The library links libgomp, which resolves to the copy torch already loaded: one OpenMP
-thread pool for both.
-
-Fallback: without a compiler, without AVX2+FMA, when the build fails, or with ``SWIFTK_CPU_KERNELS=0``, the
-runtime uses torch's matmul; :func:`status` says which and why (``swiftk info`` shows it).
+Without the library (no compiler, no AVX2+FMA, a failed build, ``SWIFTK_CPU_KERNELS=0``) the runtime uses torch's
+matmul; :func:`status` says which and why (``swiftk info`` shows it).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
 import threading
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
-from swiftk.atomic import write_json_atomic
-from swiftk.errors import SwiftkError, warn
-from swiftk.files import read_bytes, read_json
-from swiftk.home import swiftk_home
+from swiftk.errors import SwiftkError
+from swiftk.runtime.ops import native
+from swiftk.runtime.ops.native import ENV_VAR, FLAGS, source_path  # noqa: F401 (re-exported for tests, benches)
 
-MAX_LIBRARY_BYTES = 64 << 20   # the built libraries are ~0.1-1 MB
-
-ENV_VAR = "SWIFTK_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
@@ -48,128 +33,15 @@ _why: Optional[str] = None      # reason the kernel is not used, once decided
 _fn = None
 
 
-def source_path(name: str = "cpu_linear.cpp") -> Path:
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / "kernels" / "cpu" / name,    # installed: swiftk/kernels/cpu/
-                 here.parents[3] / "kernels" / "cpu" / name):   # source checkout: ./kernels/cpu/
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(f"kernels/cpu/{name} not found next to the swiftk package")
-
-
-def _cpu_id() -> str:
-    """Model name + feature flags of this CPU (what -march=native compiles for)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(keep)
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _compiler() -> Optional[str]:
-    cxx = os.environ.get("CXX") or "g++"
-    return shutil.which(cxx)
-
-
-def _build(src: Path, cxx: str, includes=("cpu_linear.cpp",), stem: str = "cpu_linear", sources=()) -> Path:
-    """``src`` (and the kernels/ files ``sources``, further translation units of the same library) compiled into
-    ``build/<stem>-<key>.so``; ``includes``: the kernels/ files they #include (part of the key). The default:
-    kernels/cpu/cpu_decode.cpp, which includes cpu_linear.cpp: one library with both."""
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    units = [src, *(source_path(name) for name in sources)]
-    texts = [u.read_text() for u in units] + [source_path(name).read_text() for name in includes]
-    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_id()]).encode()).hexdigest()[:16]
-    out_dir = Path(swiftk_home()) / "build"
-    out = out_dir / f"{stem}-{key}.so"
-    if out.exists() or _sidecar(out).exists():
-        why = _verify(out)
-        if why is None:
-            return out
-        # a truncated or replaced library would crash dlopen or the first call (SIGBUS/SIGSEGV): rebuild it
-        warn(f"swiftk: rebuilding the CPU kernel library {out}: {why}", RuntimeWarning)
-        out.unlink(missing_ok=True)
-        _sidecar(out).unlink(missing_ok=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{stem}-{key}.{os.getpid()}.{threading.get_ident()}.so"
-    try:
-        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), *map(str, units)], capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
-        # sidecar first: a library without its sidecar (or with another's) is never loaded
-        write_json_atomic(_sidecar(out), _digest(tmp))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    why = _verify(out)   # another process may have replaced either file meanwhile
-    if why is not None:
-        raise RuntimeError(f"{out}: {why}")
-    return out
-
-
-def _sidecar(lib: Path) -> Path:
-    return lib.with_name(lib.name + ".sha256.json")
-
-
-def _digest(path: Path) -> dict:
-    data = read_bytes(path, "kernel library", MAX_LIBRARY_BYTES)
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _verify(lib: Path):
-    """None when ``lib`` is the file swiftk built (size and hash as its sidecar says); else why not. Checked
-    before every dlopen: ~0.2 ms for the ~0.1 MB library."""
-    try:
-        have = _digest(lib)
-        want = read_json(_sidecar(lib), "kernel library sidecar", object, 1 << 16)
-    except (OSError, ValueError, SwiftkError) as e:
-        return f"{type(e).__name__}: {e}"
-    if not isinstance(want, dict) or want != have:
-        return f"size/sha256 {have['size']}/{have['sha256'][:12]} differ from its sidecar's"
-    return None
-
-
-class KernelUnavailable(Exception):
-    """Why a kernel library is not used; ``loud``: a toolchain failure worth a warning (not a setting)."""
-
-    def __init__(self, why: str, loud: bool = False):
-        super().__init__(why)
-        self.loud = loud
-
-
-def open_library(source: str, symbols, includes=(), stem: Optional[str] = None, sources=()) -> ctypes.CDLL:
-    """kernels/``source`` (with the further translation units ``sources``) built for this host (once, as the module
-    docstring says) and loaded; raises :class:`KernelUnavailable` when it is switched off, cannot be built, or lacks
-    one of ``symbols``."""
-    if os.environ.get(ENV_VAR, "").strip() == "0":
-        raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise KernelUnavailable(f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}")
-    cxx = _compiler()
-    if cxx is None:
-        raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
-    try:
-        path = _build(source_path(source), cxx, includes, stem or Path(source).stem, sources)
-        lib = ctypes.CDLL(str(path))
-    except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
-        raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e
-    missing = [s for s in symbols if not hasattr(lib, s)]
-    if missing:
-        raise KernelUnavailable(f"{path} lacks {', '.join(missing)}", loud=True)
-    return lib
-
-
 def _load() -> None:
     global _lib, _why, _fn
-    try:
-        lib = open_library("cpu_decode.cpp", _SYMBOLS, includes=("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp",
-                                                                   "cpu_gguf.h", "cpu_simd.h"),
-                           stem="cpu_linear")
-    except KernelUnavailable as e:
-        _why = str(e)
-        if e.loud:
-            warn(f"swiftk: CPU linear kernel unavailable, using torch matmul: {_why}", RuntimeWarning)
+    lib = native.library()
+    if lib is None:
+        _why = native.why()
+        return
+    missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
+    if missing:
+        _why = f"the kernel library lacks {', '.join(missing)}"
         return
     fn = lib.swk_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
@@ -394,7 +266,8 @@ def layer_table_width() -> int:
 
 
 def reset() -> None:
-    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS)."""
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS); the library's too."""
     global _lib, _why, _fn
     with _lock:
+        native.reset()
         _lib, _why, _fn = None, None, None

@@ -8,8 +8,8 @@ integer dot products, as llama.cpp computes. Both are batch
 invariant. ``dequant(type, raw, n)`` is the plain dequantization, equal bit for bit to ``gguf.quants.dequantize``.
 Types: ggml ids in :data:`TYPES`.
 
-Built and loaded like kernels/cpu/cpu_linear.cpp (swiftk/runtime/ops/cpu_linear.py: first use, per-host build, sidecar
-hash); :func:`status` says which path the build took or why there is none.
+Bound from the one kernel library (ops/native.py builds and loads it); :func:`status` says which path the build
+took or why there is none.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from swiftk.errors import SwiftkError, warn
-from swiftk.runtime.ops import cpu_linear
+from swiftk.errors import SwiftkError
+from swiftk.runtime.ops import native
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _NAMES = {v: k for k, v in TYPES.items()}
@@ -38,13 +38,13 @@ _why: Optional[str] = None   # reason the kernel is not available, once decided 
 
 def _load() -> None:
     global _lib, _why
-    try:
-        lib = cpu_linear.open_library("cpu_quant.cpp", _SYMBOLS, includes=("cpu_gguf.h", "cpu_simd.h"),
-                                     sources=("cpu_qdot.cpp",))
-    except cpu_linear.KernelUnavailable as e:
-        _why = str(e)
-        if e.loud:
-            warn(f"swiftk: CPU quant kernel unavailable: {_why}", RuntimeWarning)
+    lib = native.library()
+    if lib is None:
+        _why = native.why()
+        return
+    missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
+    if missing:
+        _why = f"the kernel library lacks {', '.join(missing)}"
         return
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.swk_q_dequant.argtypes = [ctypes.c_int, p, i64, p]
@@ -239,6 +239,7 @@ def linear_parts(x: torch.Tensor, parts, K: int, act: str = "float32") -> torch.
     passes of >= ``PANEL_MIN_ROWS`` rows by :func:`_panels_into`. int8: the parts are packed (:func:`repack`). The
     caller has checked the parts (BlockWeight)."""
     _need()
+    native.sync_threads()
     int8 = act == "int8"
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M = xf.shape[0]
@@ -280,7 +281,8 @@ def _check(rc: int, what: str) -> None:
 
 
 def reset() -> None:
-    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS)."""
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS); the library's too."""
     global _lib, _why
     with _lock:
+        native.reset()
         _lib, _why = None, None

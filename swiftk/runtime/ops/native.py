@@ -1,0 +1,197 @@
+"""The CPU kernel library: one shared library from the translation units of ``kernels/cpu/`` (:data:`SOURCES`),
+built for this host at first use, checked and loaded once per process. The op modules (cpu_linear: the float
+matmul, the layer loop, top-k, acceptance's walk, n-grams; cpu_quant: the GGUF block matmuls) bind their
+functions from it; nothing else opens a library.
+
+One library, so one thread pool (kernels/cpu/cpu_pool.h): every parallel region of every kernel runs on the same
+workers whatever thread calls in.
+
+Build: ``g++ -O3 -march=native -pthread`` (``$CXX`` if set) into ``$SWIFTK_HOME/build/`` under a name that hashes
+the sources, the flags, the compiler and this CPU's model and feature flags (a home shared between machines never
+loads a build made for another CPU); compiled under a temporary name, then renamed, so concurrent first uses are
+safe; a sidecar records its size and sha256, checked before every load.
+
+Fallback: without a compiler, without AVX2+FMA, when the build fails, or with ``SWIFTK_CPU_KERNELS=0``, the
+runtime uses torch; :func:`status` says why (``swiftk info`` shows it).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from swiftk.atomic import write_json_atomic
+from swiftk.errors import SwiftkError, warn
+from swiftk.files import read_bytes, read_json
+from swiftk.home import swiftk_home
+
+MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
+ENV_VAR = "SWIFTK_CPU_KERNELS"
+FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c++17"]
+# the translation units, then the files they include (part of the build's key)
+SOURCES = ("cpu_decode.cpp", "cpu_quant.cpp", "cpu_qdot.cpp", "cpu_pool.cpp")
+INCLUDES = ("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_gguf.h", "cpu_simd.h", "cpu_pool.h")
+STEM = "swiftk_cpu"
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_why: Optional[str] = None   # why there is no library, once decided ("" when there is one)
+_threads = 0                 # the thread count last given to the library's pool
+
+
+class KernelUnavailable(Exception):
+    """Why the kernel library is not used; ``loud``: a toolchain failure worth a warning (not a setting)."""
+
+    def __init__(self, why: str, loud: bool = False):
+        super().__init__(why)
+        self.loud = loud
+
+
+def source_path(name: str) -> Path:
+    here = Path(__file__).resolve()
+    for cand in (here.parents[2] / "kernels" / "cpu" / name,    # installed: swiftk/kernels/cpu/
+                 here.parents[3] / "kernels" / "cpu" / name):   # source checkout: ./kernels/cpu/
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"kernels/cpu/{name} not found next to the swiftk package")
+
+
+def _cpu_id() -> str:
+    """Model name + feature flags of this CPU (what -march=native compiles for)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _compiler() -> Optional[str]:
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def _sidecar(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256.json")
+
+
+def _digest(path: Path) -> dict:
+    data = read_bytes(path, "kernel library", MAX_LIBRARY_BYTES)
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _verify(lib: Path) -> Optional[str]:
+    """None when ``lib`` is the file swiftk built (size and hash as its sidecar says); else why not. Checked before
+    every dlopen: a truncated or replaced library would crash dlopen or the first call (SIGBUS/SIGSEGV)."""
+    try:
+        have = _digest(lib)
+        want = read_json(_sidecar(lib), "kernel library sidecar", object, 1 << 16)
+    except (OSError, ValueError, SwiftkError) as e:
+        return f"{type(e).__name__}: {e}"
+    if not isinstance(want, dict) or want != have:
+        return f"size/sha256 {have['size']}/{have['sha256'][:12]} differ from its sidecar's"
+    return None
+
+
+def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
+    """The library built with ``flags`` into ``out_dir`` (default ``$SWIFTK_HOME/build``), or the one already
+    there; returns its path."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    texts = [source_path(n).read_text() for n in (*SOURCES, *INCLUDES)]
+    key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, _cpu_id()]).encode()).hexdigest()[:16]
+    out_dir = Path(out_dir) if out_dir is not None else Path(swiftk_home()) / "build"
+    out = out_dir / f"{STEM}-{key}.so"
+    if out.exists() or _sidecar(out).exists():
+        why = _verify(out)
+        if why is None:
+            return out
+        warn(f"swiftk: rebuilding the CPU kernel library {out}: {why}", RuntimeWarning)
+        out.unlink(missing_ok=True)
+        _sidecar(out).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.so"
+    try:
+        r = subprocess.run([cxx, *flags, "-o", str(tmp), *(str(source_path(n)) for n in SOURCES)],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        # sidecar first: a library without its sidecar (or with another's) is never loaded
+        write_json_atomic(_sidecar(out), _digest(tmp))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    why = _verify(out)   # another process may have replaced either file meanwhile
+    if why is not None:
+        raise RuntimeError(f"{out}: {why}")
+    return out
+
+
+def _open() -> ctypes.CDLL:
+    if os.environ.get(ENV_VAR, "").strip() == "0":
+        raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise KernelUnavailable(f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}")
+    cxx = _compiler()
+    if cxx is None:
+        raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
+    try:
+        path = build(cxx)
+        return ctypes.CDLL(str(path))
+    except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
+        raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded library (built on first call), or None; :func:`status` then says why."""
+    global _lib, _why
+    if _why is None:
+        with _lock:
+            if _why is None:
+                try:
+                    lib = _open()
+                except KernelUnavailable as e:
+                    _why = str(e)
+                    if e.loud:
+                        warn(f"swiftk: CPU kernels unavailable, using torch: {_why}", RuntimeWarning)
+                    return None
+                lib.swk_set_threads.argtypes, lib.swk_set_threads.restype = [ctypes.c_int], ctypes.c_int
+                lib.swk_pool_workers.restype = ctypes.c_int
+                _lib, _why = lib, ""
+                sync_threads()
+    return _lib
+
+
+def why() -> str:
+    """Why there is no library ("" when there is one; builds it on first call)."""
+    library()
+    return _why or ""
+
+
+def sync_threads() -> None:
+    """Give the kernels' pool torch's thread count where it changed (regions that are not given one use it)."""
+    global _threads
+    n = torch.get_num_threads()
+    if n != _threads and _lib is not None:
+        _lib.swk_set_threads(n)
+        _threads = n
+
+
+def pool_workers() -> int:
+    """Worker threads the kernels' pool has started (regions from any host thread share them)."""
+    lib = library()
+    return int(lib.swk_pool_workers()) if lib is not None else 0
+
+
+def reset() -> None:
+    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS or $CXX). A library already loaded stays
+    mapped; the next :func:`library` call decides again."""
+    global _lib, _why, _threads
+    with _lock:
+        _lib, _why, _threads = None, None, 0
