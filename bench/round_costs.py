@@ -41,7 +41,6 @@ def main(argv=None) -> int:
     import swiftk.decoding.loop as loop
     from bench.e2e import build_prompts, machine_info
     from swiftk.atomic import write_json_atomic
-    from swiftk.decoding.session import Session
 
     eng_ar, eng = swiftk.load(a.model), swiftk.load(a.model)
     mt = a.workload == "mtbench"
@@ -57,23 +56,18 @@ def main(argv=None) -> int:
 
     # the plain steps' own time, and what preceded each (a plain round or a verify pass) with the host time between
     steps, last = [], {"kind": "start", "t": 0.0, "on": False}   # on: a default call runs (AR's are not recorded)
-    plain_step, verify = Session.plain_step, loop.verify
+    run = loop.Decoder.run
 
-    def timed_step(self, phase):
+    def timed_run(self, p):   # a round's pass alone: plain steps timed, with the host time since the last pass
         t = time.perf_counter()
-        out = plain_step(self, phase)
-        if not last["on"]:
-            return out
-        steps.append((last["kind"], time.perf_counter() - t, t - last["t"]))
-        last["kind"], last["t"] = "plain", time.perf_counter()
+        out = run(self, p)
+        if last["on"] and p.kind == "plain":
+            steps.append((last["kind"], time.perf_counter() - t, t - last["t"]))
+        if p.kind != "prefill":
+            last["kind"], last["t"] = p.kind, time.perf_counter()
         return out
 
-    def timed_verify(*args, **kw):
-        out = verify(*args, **kw)
-        last["kind"], last["t"] = "verify", time.perf_counter()
-        return out
-
-    Session.plain_step, loop.verify = timed_step, timed_verify
+    loop.Decoder.run = timed_run
     tot = dict.fromkeys(("ar_s", "ar_tokens", "def_s", "def_tokens", "plain_s", "plain_n", "timed_s"), 0.0)
     try:
         for r in range(a.reps):
@@ -102,7 +96,7 @@ def main(argv=None) -> int:
                 if outs["ar"] != outs["def"]:
                     raise SystemExit(f"{it['id']}: the default's output differs from autoregressive's")
     finally:
-        Session.plain_step, loop.verify = plain_step, verify
+        loop.Decoder.run = run
     if min(tot["ar_tokens"], tot["def_tokens"]) < 1:
         raise SystemExit("every call stopped after its first token: nothing to time (raise --max-new-tokens)")
 

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     import swiftk
     import swiftk.decoding.loop as loop
     from bench.e2e import build_prompts
-    from swiftk.decoding.costs import SourceBudget
+    from swiftk.decoding.budget import SourceBudget
 
     class EveryRound(SourceBudget):   # the budget off: every source, every round
         def __init__(self, names, auto=True, **kw):

@@ -115,7 +115,9 @@ def _main(argv) -> int:
                    help="require 'Authorization: Bearer KEY' (repeatable); default: no key needed")
     s.add_argument("--history-scope", default="server", choices=["server", "key"],
                    help="whose earlier outputs draft a response: every client's (server) or the same API key's")
-    s.add_argument("--queue-size", type=int, default=16, help="requests waiting for the engine before HTTP 429")
+    s.add_argument("--max-batch", type=int, default=None,
+                   help="requests decoding together, every round in one pass (default: sized to the machine)")
+    s.add_argument("--queue-size", type=int, default=16, help="requests waiting for a slot before HTTP 429")
     s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
                    help="decode option for every request, or optimizer option for the engine")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -333,7 +335,8 @@ def _serve(a) -> int:
           file=sys.stderr, flush=True)
     try:
         serve(eng, name, host=a.host, port=a.port, log_level=a.log_level, api_keys=a.api_key,
-              history_scope=a.history_scope, queue_size=a.queue_size, method=a.method, options=decode_kw)
+              history_scope=a.history_scope, queue_size=a.queue_size, method=a.method, options=decode_kw,
+              max_batch=a.max_batch)
     except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it handled once it has shut down
         return 130
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -19,32 +18,28 @@ import torch
 from . import methods
 from .runtime import skipset
 from .options import DecodeConfig, OptimizerConfig, option_names, split_options, updated
-from .decoding.costs import CostModel, Gate
+from .decoding.costs import CostModel
 from .decoding.loop import speculative_decode
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .decoding.output import GenerationResult, TokenSink, check_lengths, progress_bar, rate, stream_pieces
+from .decoding.output import GenerationResult, stream_pieces
 from .decoding.passes import autoregressive, full_logits, timed_passes
-from .decoding.prefix import HeldPrefix, may_reuse
-from .decoding.sampler import Sampler, SamplingParams
+from .decoding.prefix import may_reuse
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_linear, describe
-from .proposers import FREE, free_sources
 from .proposers.datastore import EngineCorpus
 from .proposers.draft_head import engine_draft_head
 from .proposers.draft_model import load_draft_model
-from .proposers.user import check_proposers
-from .decoding.session import Session
 from .decoding.state import LearnedState, load_persisted, state_file
+from .calls import SCRATCH, Calls
+from .requests import Slot, check_max_batch
+from .scheduler import Scheduler
 
-# slots reserved past the context for the draft / matchness / verify scratch region (context_window <= 120,
-# trees <= 64 nodes)
-_SCRATCH = 128
 _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
 
 
-class Engine(EngineCorpus):
+class Engine(EngineCorpus, Calls):
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
                  drafter=None, draft_model=None,
@@ -88,7 +83,7 @@ class Engine(EngineCorpus):
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
         may_reuse(self.decode_config.prefix_cache, self._prefix_asked, self.model)   # asked where inexact: refused
         self.max_context = max_context
-        self.cache = self.model.new_cache(max_context + _SCRATCH)
+        self.cache = self.model.new_cache(max_context + SCRATCH)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("SWIFTK_CUDA_GRAPHS", "1") != "0"
         if cuda_graphs:
@@ -98,7 +93,7 @@ class Engine(EngineCorpus):
             self.costs.calibrate(*timed_passes(self.model, self.cache, 8), 8)
         self._lock = threading.RLock()
         self._busy, self._owner = False, None   # a call holds the KV cache (see _own)
-        self._held = HeldPrefix()   # what self.cache holds after the last finished call
+        self._slots = [Slot(self.cache)]   # batch slots: a KV cache each (slot 0's is self.cache), made at first use
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
@@ -192,29 +187,6 @@ class Engine(EngineCorpus):
                 warn(f"swiftk: cannot save the decoding state ({e}); continuing without")
 
     # ------------------------------------------------------------------ generation
-    def encode_prompt(self, prompt, chat: bool = False) -> list:
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise SwiftkError(f"token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})")
-            return ids
-        if chat:
-            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            if not self.tokenizer.chat_template:
-                raise SwiftkError("chat=True but this model has no chat template")
-            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-            ids = self.tokenizer.encode(text, add_bos=False)
-        else:
-            if not isinstance(prompt, str):
-                raise SwiftkError(f"prompt must be a string, a list of token ids or (chat=True) messages, "
-                                  f"got {type(prompt).__name__}")
-            ids = self.tokenizer.encode(prompt)
-        if not prompt or not ids:
-            raise SwiftkError("prompt is empty")
-        return ids
-
     def generate(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
                  chat: bool = False, callback: Optional[Callable[[str], None]] = None,
@@ -233,40 +205,41 @@ class Engine(EngineCorpus):
         (options.DecodeConfig) for this call. Seeded sampling gives the same tokens for the same (model, dtype, device,
         prompt, sampling options, seed) whatever the method or learned state (coupled sampling).
         """
-        m = methods.get(self.default_method if method is None else method)
-        decode_kw, opt_kw = split_options(options)
-        if opt_kw:
-            k = sorted(opt_kw)[0]
-            raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
-                              f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
-        cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
-        reuse_ok = may_reuse(cfg.prefix_cache, self._prefix_asked or decode_kw.get("prefix_cache") is True, self.model)
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
-        if not callable(callback) and callback is not None:
-            raise SwiftkError("callback must be callable")
-        if not isinstance(chat, bool):
-            raise SwiftkError(f"chat must be True or False, got {chat!r}")
-        if state is not None and not isinstance(state, LearnedState):
-            raise SwiftkError(f"state must be a LearnedState (eng.new_state()), got {type(state).__name__}")
-        if state is not None and state.n_layers != self.config.n_layers:
-            raise SwiftkError(f"state is for a {state.n_layers}-layer model, this one has {self.config.n_layers} layers")
-        sp = SamplingParams(temperature, top_k, top_p, seed).validate()
-        proposers = check_proposers(proposers, m, not sp.greedy and cfg.sampling == "rejection")
-        fixed = m.fixed_skip(self.config.n_layers, self.identity, exit_layer, skip_set,
-                             "optimize" in decode_kw and cfg.optimize)
-        ids = self.encode_prompt(prompt, chat)
-        check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
-
+        req = self.request(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop, chat, callback,
+                           progress, exit_layer, skip_set, state, proposers, _cancel, **options)
         with self._own():
-            if m.speculative:
-                m.prepare(self, cfg)   # what the method builds once (draft head, drafter), before the timed loop
-                if cfg.datastore:
-                    self.corpus()
-                state = state if state is not None else self._state_for(m.state_key(fixed))
-            return self._generate(ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state,
-                                  cfg, proposers, _cancel, reuse_ok)
+            call = self.open_call(req, 0)
+            try:
+                if call.decoder is None:
+                    stats = autoregressive(self.model, call.slot.cache, req.ids, call.sampler, call.sink, call.reuse)
+                else:
+                    stats = speculative_decode(call.decoder.s, call.decoder.drafter, call.decoder.sources)
+            finally:
+                call.end()
+            return self.close_call(call, stats)
+
+    def generate_many(self, prompts: Sequence, max_batch: Optional[int] = None, **kw) -> list:
+        """``generate(p, **kw)`` for every prompt, decoded together: up to ``max_batch`` calls at once (default:
+        ``default_max_batch``), their rounds' target passes merged into one pass, a waiting prompt joining as
+        another finishes. Each result equals ``generate(p, **kw)`` alone (same tokens: every row is computed as it
+        would be alone). Every prompt is checked before any decodes; a call that fails raises after the others
+        finish (the first such error)."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise SwiftkError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if "callback" in kw or "_cancel" in kw or kw.get("progress"):
+            raise SwiftkError("generate_many takes no callback or progress (one call's options); use generate")
+        max_batch = check_max_batch(self.default_max_batch if max_batch is None else max_batch)
+        reqs = [self.request(p, **kw) for p in prompts]
+        out: list = [None] * len(reqs)
+        errors: list = []
+        with self._own():
+            sched = Scheduler(self, max_batch)
+            for i, r in enumerate(reqs):
+                sched.submit(r, lambda res, err, i=i: errors.append(err) if err is not None else out.__setitem__(i, res))
+            sched.run_until_idle()
+        if errors:
+            raise errors[0]
+        return out
 
     @contextlib.contextmanager
     def _own(self):
@@ -295,46 +268,6 @@ class Engine(EngineCorpus):
             del self._states[next(iter(self._states))]
         return st
 
-    def _generate(self, ids, max_new_tokens, m, sp, stop, callback, progress, exit_layer, fixed, state, cfg,
-                  proposers, cancel, reuse_ok: bool) -> GenerationResult:
-        bar, cb = None, callback
-        if progress:
-            bar, cb = progress_bar(max_new_tokens, callback, lambda: len(sink.ids))
-        sink = TokenSink(self.tokenizer, max_new_tokens, stop, cb, cancel)
-        sampler = Sampler(sp, self.device, cfg.sampling)
-        reuse = self._held.shared(self.cache, ids) if reuse_ok else 0
-        self._held.forget()   # recorded again once this call has finished, if its passes were exact
-        t0 = time.perf_counter()
-        try:
-            if not m.speculative:
-                stats = autoregressive(self.model, self.cache, ids, sampler, sink, reuse)
-            else:
-                # free drafts are deterministic: tree rejection sampling has no rule for them
-                rejection = not sp.greedy and cfg.sampling == "rejection"
-                sources = [] if rejection else free_sources(self, state, cfg, proposers)
-                s = Session(self.model, self.cache, self.costs, Gate(self.costs, state.gate, cfg), sampler, sink,
-                            cfg, ids, (*FREE, *(x.name for x in sources)), reuse)
-                stats = speculative_decode(s, m.drafter(self, state, cfg, fixed), sources)
-        finally:
-            if bar is not None:
-                bar.close()
-        wall = time.perf_counter() - t0
-        if m.speculative:   # every output decoded with a learned state drafts for later prompts (history=)
-            state.history.add(sink.ids)
-            state.tokens_seen += len(sink.ids)
-            state.time_decode_s += wall
-        stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(ids)
-        stats.prompt_reused = reuse
-        if reuse_ok:
-            self._held.record(self.cache, list(ids) + list(sink.ids))
-        stats.arithmetic = self.model.arithmetic(short=True)
-        stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
-        stats.exit_layer = exit_layer
-        if self.persist and m.speculative and state is self.state:
-            self._save_persisted()
-        return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=ids,
-                                finish_reason=sink.finish_reason, stats=stats)
-
     # ------------------------------------------------------------------ built once per engine
     def resource(self, name, make: Optional[Callable] = None):
         """An object built once per engine (draft head, corpus, trained drafter): ``make()`` at first use."""
@@ -346,11 +279,12 @@ class Engine(EngineCorpus):
         with self._lock:
             self._resources[name] = value
 
-    def draft_head(self, size: int):
+    def draft_head(self, size: int, slot: int = 0):
         """The reduced-vocabulary draft head (proposers.draft_head.DraftHead: the ``size`` most frequent tokens; the
-        drafter adds every token of the context), reset for a new call; None when a subset would not be much smaller
-        than the vocabulary (``size`` 0: the full LM head). Its token ranking takes ~2 s once per machine."""
-        return engine_draft_head(self, size)
+        drafter adds every token of the context) of the calls on batch slot ``slot``, reset for a new call; None
+        when a subset would not be much smaller than the vocabulary (``size`` 0: the full LM head). Its token
+        ranking takes ~2 s once per machine."""
+        return engine_draft_head(self, size, slot)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Iterator over text pieces (generation runs in a worker thread). Abandoning the iterator cancels the

@@ -22,6 +22,7 @@ class Method:
     defaults: dict = {}    # decode options whose default this method changes
     takes_skip_set = False
     takes_kvq = False      # kvq reuses a layer-skip draft's lower layers: only a method with one can apply it
+    one_at_a_time = False  # its drafter keeps one engine-wide state: a batch decodes one such call at a time
 
     def fixed_skip(self, n_layers: int, identity: dict, exit_layer, skip_set, optimize: bool):
         """The draft's skip set when this call fixes it, else None; a SwiftkError for arguments it does not take."""
@@ -51,8 +52,9 @@ class Method:
     def build(self, engine, cfg) -> None:
         """What the method builds once, before the timed loop (draft head, trained drafter, its own checks)."""
 
-    def drafter(self, engine, state, cfg, fixed):
-        """The model drafter for one call (proposers.layerskip.LayerSkipDraft or alike), or None."""
+    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
+        """The model drafter for one call on batch slot ``slot`` (proposers.layerskip.LayerSkipDraft or alike), or
+        None."""
         return None
 
 
@@ -71,9 +73,9 @@ class LayerSkip(Method):
     def build(self, engine, cfg) -> None:
         engine.draft_head(cfg.draft_vocab)   # its token ranking takes ~2 s once per machine: not in the loop
 
-    def drafter(self, engine, state, cfg, fixed):
+    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
         return LayerSkipDraft(state, engine.costs, fixed, search=cfg.optimize,
-                              head=engine.draft_head(cfg.draft_vocab), kvq=cfg.kvq)
+                              head=engine.draft_head(cfg.draft_vocab, slot), kvq=cfg.kvq)
 
 
 class Static(LayerSkip):
@@ -102,7 +104,7 @@ class EarlyExit(LayerSkip):
 class DraftModel(Method):
     """Free drafts + a smaller model of the same family as the drafter (``swiftk.load(..., draft_model=NAME)``);
     the default method of an engine loaded with one."""
-    name = "draft_model"
+    name, one_at_a_time = "draft_model", True
 
     def build(self, engine, cfg) -> None:
         if engine.resource("draft_model") is None:
@@ -110,7 +112,7 @@ class DraftModel(Method):
         if cfg.draft_vocab != engine.decode_config.draft_vocab:
             raise SwiftkError("draft_vocab of a draft model is set at load: swiftk.load(..., draft_vocab=N)")
 
-    def drafter(self, engine, state, cfg, fixed):
+    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
         runner = engine.resource("draft_model")
         if not cfg.prefix_cache:   # no reuse across calls asked for (history_scope="key"): the draft's cache too
             runner.forget()

@@ -267,3 +267,17 @@ def test_an_int8_weight_without_its_scales_is_refused():
         bad = table.clone()
         bad[0, col] = 0
         assert call_layer_loop(m, cache, bad, wtypes) == -1
+
+
+def test_rope_rows_are_the_reference_tables():
+    """The fused loop's cos/sin rows come from one table grown on demand: each position's row is exactly what
+    reference.rope_cos_sin gives for it, whatever the pass's length or where the table stopped growing."""
+    from swiftk.runtime.ops.reference import rope_cos_sin
+
+    m = _model()
+    for pos in (torch.arange(5), torch.tensor([4351]), torch.arange(4340, 4400), torch.tensor([9000, 3, 17000]),
+                torch.arange(100, 164)):
+        cos, sin = m._rope_rows(pos)
+        want = rope_cos_sin(pos, m.inv_freq)
+        assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+    assert m._rope_table[0].shape[0] >= 17001

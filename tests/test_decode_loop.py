@@ -10,6 +10,7 @@ import torch
 
 import swiftk
 import swiftk.decoding.loop as decode_mod
+from swiftk.decoding.loop import Decoder
 import swiftk.proposers.layerskip.draft as layerskip_mod
 from swiftk.options import DecodeConfig, OptimizerConfig
 from swiftk.decoding.costs import CostModel
@@ -615,18 +616,14 @@ def test_free_chains_are_cut_where_they_stop_paying_but_keep_a_first_token():
 
 @pytest.mark.parametrize("method", ["autoregressive", "swift"])
 def test_stats_report_the_prefill_apart(eng, monkeypatch, method):
-    import importlib
+    real = eng.model.forward
 
-    G = importlib.import_module("swiftk.decoding.passes")   # where prefill lives (the session imports it by name)
-    S = importlib.import_module("swiftk.decoding.session")
-
-    def slow_prefill(*a, **kw):   # a prefill known to last >= 50 ms, whatever the machine
-        time.sleep(0.05)
+    def slow_prefill(*a, **kw):   # the prompt's pass (the one pass that asks for its last row's logits) lasts >= 50 ms
+        if kw.get("logits_idx") is not None:
+            time.sleep(0.05)
         return real(*a, **kw)
 
-    real = G.prefill
-    monkeypatch.setattr(G, "prefill", slow_prefill)
-    monkeypatch.setattr(S, "prefill", slow_prefill)
+    monkeypatch.setattr(eng.model, "forward", slow_prefill)
     st = eng.generate(PROMPT, max_new_tokens=8, method=method).stats
     assert st.time_prefill_s >= 0.05
     if method == "swift":   # the phases partition the call: the prefill is not also counted as verify time
@@ -649,7 +646,7 @@ def _consults(budget, rounds: int, spent: dict, accepted: dict, step_s: float = 
 
 
 def test_a_source_whose_host_time_buys_nothing_is_only_probed():
-    from swiftk.decoding.costs import SourceBudget
+    from swiftk.decoding.budget import SourceBudget
 
     spent = {"slow": 0.001, "useful": 0.001, "cheap": 0.0, "small": 0.00002}
     accepted = {"slow": 0, "useful": 1, "cheap": 0, "small": 0}
@@ -703,11 +700,18 @@ def test_a_call_is_ahead_by_what_its_rounds_produced_less_all_their_time(eng):
     costs.step = 1.0
     s = Session(eng.model, eng.cache, costs, Gate(costs, eng.new_state().gate, cfg), Sampler(SamplingParams(), "cpu"),
                 TokenSink(eng.tokenizer, 64), cfg, eng.encode_prompt(PROMPT))
-    s.start()
-    for _ in range(20):
-        s.begin_round()
-        time.sleep(0.01)             # a round's host work: sources, tree, bookkeeping
-        s.plain_step("accelerate")
+    d = Decoder(s, None, [])
+
+    def round_():   # plan (opens the round's account), its pass alone, finish
+        p = d.plan()
+        if p.kind != "prefill":
+            time.sleep(0.01)         # a round's host work: sources, tree, bookkeeping
+        t = time.perf_counter()
+        d.finish(p, d.run(p), time.perf_counter() - t)
+        return p.kind
+
+    assert round_() == "prefill"
+    assert [round_() for _ in range(20)] == ["plain"] * 20
     s.begin_round()                  # closes the last round's account
     behind = s.draft_context().ahead
     assert s.draft_context().decoded == 21 and behind <= -0.20

@@ -20,7 +20,8 @@ LAYERS = [
     ("loading", ["swiftk.loading"]),             # GGUF, loaders, tokenizer, registry
     ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop
     ("decoding", ["swiftk.decoding"]),           # the round, session, tree, acceptance, costs, learned state
-    ("engine", ["swiftk.methods", "swiftk.engine", "swiftk.api"]),
+    ("engine", ["swiftk.methods", "swiftk.requests", "swiftk.scheduler", "swiftk.calls", "swiftk.engine",
+                "swiftk.api"]),
     ("serve", ["swiftk.serve"]),
     ("plugins", ["swiftk.moa", "swiftk.integrations"]),   # experimental methods, adapters to other engines:
                                                            # they import the core, the core never imports them

@@ -131,28 +131,43 @@ def test_streaming_chunks_add_up(live, ref):
     assert chat[-1].choices[0].finish_reason in ("length", "stop")
 
 
-def test_two_concurrent_clients(live, ref):
-    out, errors = {}, []
+def test_concurrent_clients_decode_together_with_their_solo_outputs(live, ref):
+    """Six clients at once (streamed completions, chats, a plain completion) and one that abandons its stream: they
+    share passes (the batch), and every answer equals the same request decoded alone."""
+    out, shared, errors = {}, [], []
 
     def run(i):
         try:
             c = live.client()
-            if i % 2:
-                out[i] = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20,
-                                                   temperature=0).choices[0].message.content
+            if i == 5:   # gone after two chunks: leaves the batch, nobody else's output changes
+                s = c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=300, temperature=0,
+                                         stream=True)
+                for j, _ in enumerate(s):
+                    if j == 2:
+                        break
+                s.close()
+            elif i % 2:
+                r = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0)
+                out[i] = r.choices[0].message.content
+                shared.append(r.model_extra["swiftk"]["shared_passes"])
+            elif i == 4:
+                r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+                out[i] = r.choices[0].text
+                shared.append(r.model_extra["swiftk"]["shared_passes"])
             else:
                 out[i] = "".join(ch.choices[0].text for ch in c.completions.create(
                     model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, stream=True) if ch.choices)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
     assert not errors, errors
-    assert out == {0: ref["text"], 1: ref["chat"], 2: ref["text"], 3: ref["chat"]}
+    assert out == {0: ref["text"], 1: ref["chat"], 2: ref["text"], 3: ref["chat"], 4: ref["text"]}
+    assert max(shared) > 0, shared   # at least one answer was decoded in passes with others
 
 
 @pytest.mark.parametrize("kw, param", [
@@ -248,7 +263,8 @@ def test_abandoned_plain_request_is_cancelled(live, ref):
 
 @pytest.fixture(scope="module")
 def guarded(smollm2_path):
-    srv = Live(smollm2_path, "--api-key", "k1", "--api-key", "k2", "--history-scope", "key", "--queue-size", "0")
+    srv = Live(smollm2_path, "--api-key", "k1", "--api-key", "k2", "--history-scope", "key", "--queue-size", "0",
+               "--max-batch", "1")
     yield srv
     _, err = srv.stop()
     assert "Traceback" not in err, err[-3000:]
@@ -296,7 +312,7 @@ def test_a_conversations_next_turn_reuses_its_start(live, ref):
 def test_full_queue_gets_429_with_retry_after(guarded):
     stream = guarded.client("k1").completions.create(model=NAME, prompt="Once upon a time", max_tokens=300,
                                                       temperature=0, stream=True)
-    next(iter(stream))   # the engine is busy with it now; queue size 0
+    next(iter(stream))   # the engine's one slot is busy with it now; queue size 0
     status, js, headers = guarded.post("/v1/completions", json.dumps(
         {"model": NAME, "prompt": PROMPT, "max_tokens": 2}).encode(), {"Authorization": "Bearer k2"})
     stream.close()

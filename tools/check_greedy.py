@@ -43,6 +43,8 @@ def run() -> dict:
         eng = swiftk.load("smollm2-135m", persist=False, weights=weights)
         n_layers = eng.config.n_layers
         for name in methods.names():
+            if name == "draft_model":   # needs a smaller sibling loaded beside the target; SmolLM2 has none
+                continue
             for i, prompt in enumerate(prompts()):
                 r = eng.generate(prompt, max_new_tokens=N_NEW, method=name, **method_kwargs(name, n_layers))
                 out[f"{weights or 'default'}/{name}/{i}"] = list(r.token_ids)

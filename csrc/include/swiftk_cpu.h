@@ -110,6 +110,17 @@ SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wt
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
                           const uint8_t* vis, int64_t S, float* h, int nthreads);
 
+/* swk_layers over the rows of several sequences, each with its own KV cache, in one pass (every weight read once for
+ * all of them): row t reads and writes the caches kvs[row_cache[t] * n_layers + l] (layer l's [2, KV, max_slots,
+ * hd] float32; the table's KV entries are not read); slots[t] and vis[t] refer to its own cache's slots. row_cache
+ * [T] is nondecreasing in [0, n_caches): each sequence's rows are contiguous. A row's result equals the one it gets
+ * in a swk_layers pass of its own sequence. */
+SWIFTK_API int swk_layers_multi(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags,
+                                int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps,
+                                float scale, int64_t max_slots, const int64_t* slots, const float* cos_t,
+                                const float* sin_t, const uint8_t* vis, int64_t S, float* h, int nthreads,
+                                int64_t n_caches, const uint64_t* kvs, const int64_t* row_cache);
+
 /* The block matmul for weight type 3: kernels/cpu/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy; built
  * with kernels/cpu/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
 SWIFTK_API void swk_set_q_linear(void* fn);

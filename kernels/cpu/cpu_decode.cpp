@@ -405,12 +405,13 @@ void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t
 // of tokens. One work item per row re-read the head's K and V from L2 or memory per row (at 1024 slots a pass of
 // 8 spent more time there than in its matmuls). Here a tile of keys stays in L1 while every row scores it, then a
 // tile of V rows while every row adds it in, each row with a decode step's ops in its order, so its bits.
-// Tokens [t0, t1) x the G query heads of KV head g; q rows in qkv [T, NQKV], results into att [T, H, hd].
+// Tokens [t0, t1) x the G query heads of KV head g; q rows in qkv [T, NQKV], results into att [T, H, hd]; vis rows
+// of VS bytes, of which slots [0, S) are read (every visible slot of these rows lies below S).
 // Scratch: p [(t1 - t0) * G, Sp], o [(t1 - t0) * G, hd], den and mx [(t1 - t0) * G].
 template <int NV>
 void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_t g, int64_t G, int64_t H,
-                  const float* K, const float* V, const uint8_t* vis, int64_t S, float scale, float* p, int64_t Sp,
-                  float* o, float* den, float* mx, float* att) {
+                  const float* K, const float* V, const uint8_t* vis, int64_t VS, int64_t S, float scale, float* p,
+                  int64_t Sp, float* o, float* den, float* mx, float* att) {
   constexpr int64_t hd = NV * SWK_W;
   constexpr int64_t TS = std::max<int64_t>(16, 6144 / hd / 16 * 16);   // a tile of K or V rows: ~24 KB, in L1
   constexpr int NR = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;               // heads sharing each V load
@@ -423,16 +424,17 @@ void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_
     for (; r + 2 <= R; r += 2) {
       const int64_t ta = t0 + r / G, tb = t0 + (r + 1) / G;
       pair_scores(qkv + ta * NQKV + (g * G + r % G) * hd, qkv + tb * NQKV + (g * G + (r + 1) % G) * hd, K,
-                  vis + ta * S, vis + tb * S, s0, s1, S, hd, scale, p + r * Sp, p + (r + 1) * Sp, mx[r], mx[r + 1]);
+                  vis + ta * VS, vis + tb * VS, s0, s1, S, hd, scale, p + r * Sp, p + (r + 1) * Sp, mx[r],
+                  mx[r + 1]);
     }
 #endif
     for (; r < R; r++) {
       const int64_t t = t0 + r / G;
-      head_scores(qkv + t * NQKV + (g * G + r % G) * hd, K, vis + t * S, s0, s1, hd, scale, p + r * Sp, mx[r]);
+      head_scores(qkv + t * NQKV + (g * G + r % G) * hd, K, vis + t * VS, s0, s1, hd, scale, p + r * Sp, mx[r]);
     }
   }
   for (int64_t r = 0; r < R; r++) {
-    probs_from_scores(vis + (t0 + r / G) * S, S, mx[r], p + r * Sp);
+    probs_from_scores(vis + (t0 + r / G) * VS, S, mx[r], p + r * Sp);
     den[r] = 0.0f;
   }
   for (int64_t i = 0; i < R * hd; i++) o[i] = 0.0f;
@@ -441,7 +443,7 @@ void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_
     for (int64_t t = t0; t < t1; t++)
       for (int64_t i = 0; i < G; i += NR) {
         const int64_t r = (t - t0) * G + i, n = std::min<int64_t>(NR, G - i);
-        pv_heads<NV, NR>(n, V, s0, s1, vis + t * S, p + r * Sp, Sp, o + r * hd, den + r);
+        pv_heads<NV, NR>(n, V, s0, s1, vis + t * VS, p + r * Sp, Sp, o + r * hd, den + r);
       }
   }
   for (int64_t r = 0; r < R; r++) {
@@ -451,26 +453,23 @@ void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_
   }
 }
 
-}  // namespace
-
-extern "C" {
-
-// Runs layers [0, n_layers) of the table (the caller offsets it to its start layer) over residual h [T, D]
-// (updated in place).
-//   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
-//          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
-//          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
-//          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
-//   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
-//          (every row sees at least one slot, S <= max_slots).
-// Returns 0, -1 on bad arguments (nothing computed) or -2 out of memory (h and the cache partly written).
-int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
-               int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
-               const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S,
-               float* h, int nthreads) {
+// The layer loop of swk_layers and swk_layers_multi: rows of one cache (kvs null: the table's P_KV) or of several
+// (row t reads and writes the caches kvs[row_cache[t] * n_layers + l], one per layer; row_cache nondecreasing, so
+// each cache's rows are one contiguous segment). Arguments as swk_layers' (below).
+int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T, int64_t D,
+           int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
+           const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S, float* h,
+           int nthreads, int64_t n_caches, const uint64_t* kvs, const int64_t* row_cache) {
   if (n_layers < 0 || !table || !wtypes || !flags || T < 1 || D < 1 || H < 1 || KV < 1 || H % KV || hd < 2 ||
       hd % 2 || I < 1 || S < 1 || S > max_slots || !slots || !cos_t || !sin_t || !vis || !h || nthreads < 1)
     return -1;
+  if (kvs) {
+    if (n_caches < 1 || !row_cache) return -1;
+    for (int64_t i = 0; i < n_caches * n_layers; i++)
+      if (!kvs[i]) return -1;
+    for (int64_t t = 0; t < T; t++)
+      if (row_cache[t] < 0 || row_cache[t] >= n_caches || (t && row_cache[t] < row_cache[t - 1])) return -1;
+  }
   for (int64_t i = 0; i < 4 * n_layers; i++)
     if (wtypes[i] < 0 || wtypes[i] > 3 || (wtypes[i] == 3 && !g_q_linear)) return -1;
   // each weight's operands (K, N as the layer reads it): an int8 weight needs its scales, a block descriptor parts
@@ -494,24 +493,44 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
       }
       if (rows != wn[j]) return -1;
     }
-  for (int64_t t = 0; t < T; t++) {
-    if (slots[t] < 0 || slots[t] >= max_slots) return -1;
-    bool any = false;
-    for (int64_t s = 0; s < S && !any; s++) any = vis[t * S + s] != 0;
-    if (!any) return -1;
-  }
   try {   // every buffer is sized before a parallel region: a failed allocation (or a block part's) lands here
+    // Row t reads slots [0, ext[t]): up to its last visible one. A row of a short sequence batched with a long one
+    // scans its own extent, not the pass's S; the slots it skips are invisible to it, so its bits do not change.
+    std::vector<int64_t> ext(T);
+    for (int64_t t = 0; t < T; t++) {
+      if (slots[t] < 0 || slots[t] >= max_slots) return -1;
+      int64_t e = S;
+      while (e > 0 && !vis[t * S + e - 1]) e--;
+      if (!e) return -1;
+      ext[t] = e;
+    }
     const int64_t NQKV = (H + 2 * KV) * hd, G = H / KV;
     const bool grouped = SWK_W == 16 && hd == 64 && G > 1 && T * KV >= 2 * nthreads;
     std::vector<float> x(T * D), qkv(T * NQKV), att(T * H * hd), o(T * D), gu(T * 2 * I), act(T * I);
     const int64_t Sp = (S + SWK_W - 1) / SWK_W * SWK_W;   // exp_inplace's padded length
     std::vector<float> probs;   // up to 4 heads per work item (attend_heads)
-    // A pass of several tokens on a vector head size: attend_group's items, KV heads x nb blocks of tokens (two
-    // items a thread, <= ~32 rows an item: its probs stay a few MB at long contexts).
+    // A pass of several tokens on a vector head size: attend_group's items, KV heads x blocks of tokens (two items
+    // a thread, <= ~32 rows an item: its probs stay a few MB at long contexts), a block never across two caches.
     const int64_t NVh = hd / SWK_W;
     const bool tiled = g_attention_tiles && T > 1 && hd % SWK_W == 0 && (NVh == 2 || NVh == 4 || NVh == 8 || NVh == 16);
-    const int64_t nb = tiled ? std::min(T, std::max((2 * nthreads + KV - 1) / KV, (T * G + 31) / 32)) : 1;
-    const int64_t rmax = tiled ? (T + nb - 1) / nb * G : 0, per_thread = rmax * (Sp + hd + 2);
+    std::vector<int64_t> blk;   // block b: tokens [blk[b], blk[b + 1])
+    int64_t rmax = 0;
+    if (tiled) {
+      int64_t nseg = 1;
+      for (int64_t t = 1; kvs && t < T; t++) nseg += row_cache[t] != row_cache[t - 1];
+      for (int64_t t0 = 0; t0 < T;) {
+        int64_t t1 = t0 + 1;
+        while (kvs && t1 < T && row_cache[t1] == row_cache[t0]) t1++;
+        if (!kvs) t1 = T;
+        const int64_t n = t1 - t0;
+        const int64_t nb = std::min(n, std::max((2 * nthreads + KV * nseg - 1) / (KV * nseg), (n * G + 31) / 32));
+        for (int64_t b = 0; b < nb; b++) blk.push_back(t0 + b * n / nb);
+        rmax = std::max(rmax, (n + nb - 1) / nb * G);
+        t0 = t1;
+      }
+      blk.push_back(T);
+    }
+    const int64_t nblk = tiled ? (int64_t)blk.size() - 1 : 0, per_thread = rmax * (Sp + hd + 2);
     auto group_fn = NVh == 2 ? attend_group<2> : NVh == 4 ? attend_group<4> : NVh == 8 ? attend_group<8>
                                                                               : attend_group<16>;
     std::vector<float> scratch;
@@ -520,14 +539,16 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     for (int64_t li = 0; li < n_layers; li++) {
       const uint64_t* P = table + li * NPTR;
       const int* wt = wtypes + li * 4;
+      // the layer's cache of row t
+      auto cache_of = [&](int64_t t) { return (float*)(kvs ? kvs[row_cache[t] * n_layers + li] : P[P_KV]); };
       if (!flags[2 * li]) {
         rmsnorm_rows(h, (const float*)P[P_ATTN_NORM], x.data(), T, D, eps);
         linear_any(wt[0], x.data(), T, D, (const void*)P[P_WQKV], (const float*)P[P_WQKV_SCALE], NQKV, qkv.data(),
                    nthreads);
-        float* kv = (float*)P[P_KV];
         const int64_t plane = KV * max_slots * hd;   // K, then V
         for (int64_t t = 0; t < T; t++) {
           float* r = qkv.data() + t * NQKV;
+          float* kv = cache_of(t);
           if (P[P_BQKV]) {
             const float* b = (const float*)P[P_BQKV];
             for (int64_t i = 0; i < NQKV; i++) r[i] += b[i];
@@ -539,12 +560,14 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           }
         }
         if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
-          swk_pool::parallel_for(KV * nb, T * H * S * hd > 65536 ? nthreads : 1, [&](int64_t j, int tid) {
-            const int64_t g = j / nb, b = j % nb, t0 = b * T / nb, t1 = (b + 1) * T / nb;
+          swk_pool::parallel_for(KV * nblk, T * H * S * hd > 65536 ? nthreads : 1, [&](int64_t j, int tid) {
+            const int64_t g = j / nblk, b = j % nblk, t0 = blk[b], t1 = blk[b + 1];
             float* w = scratch.data() + (size_t)tid * per_thread;
             float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
+            const float* kv = cache_of(t0);
             const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
-            group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, scale, p, Sp, o, den, mx, att.data());
+            const int64_t e = *std::max_element(ext.begin() + t0, ext.begin() + t1);
+            group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, e, scale, p, Sp, o, den, mx, att.data());
           });
         } else {
           // work items of up to 4 query heads sharing a KV head (one token), where there are enough to keep every
@@ -552,18 +575,19 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
           const int64_t per = grouped ? 4 : 1, chunks = (G + per - 1) / per, work = T * KV * chunks;
           swk_pool::parallel_for(work, T * H * S * hd > 65536 ? nthreads : 1, [&](int64_t j, int tid) {
             const int64_t t = j / (KV * chunks), g = j / chunks % KV, h0 = g * G + j % chunks * per;
-            const int64_t nh = std::min(per, g * G + G - h0);
+            const int64_t nh = std::min(per, g * G + G - h0), e = ext[t];
             float* p = probs.data() + (size_t)tid * 4 * Sp;
             const float* q = qkv.data() + t * NQKV + h0 * hd;
+            const float* kv = cache_of(t);
             const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             float* out = att.data() + (t * H + h0) * hd;
 #if SWK_W == 16
-            if (nh == 4) return attend_heads<4>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
-            if (nh == 3) return attend_heads<3>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
-            if (nh == 2) return attend_heads<2>(q, Kg, Vg, vis + t * S, S, scale, p, Sp, out);
+            if (nh == 4) return attend_heads<4>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
+            if (nh == 3) return attend_heads<3>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
+            if (nh == 2) return attend_heads<2>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
 #endif
             for (int64_t i = 0; i < nh; i++)
-              attend_row(q + i * hd, Kg, Vg, vis + t * S, S, hd, scale, p, out + i * hd);
+              attend_row(q + i * hd, Kg, Vg, vis + t * S, e, hd, scale, p, out + i * hd);
           });
         }
         linear_any(wt[1], att.data(), T, H * hd, (const void*)P[P_WO], (const float*)P[P_WO_SCALE], D, o.data(),
@@ -596,6 +620,41 @@ int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const
     return -2;
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Runs layers [0, n_layers) of the table (the caller offsets it to its start layer) over residual h [T, D]
+// (updated in place).
+//   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
+//          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
+//          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
+//          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
+//   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
+//          (every row sees at least one slot, S <= max_slots).
+// Returns 0, -1 on bad arguments (nothing computed) or -2 out of memory (h and the cache partly written).
+int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
+               int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
+               const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S,
+               float* h, int nthreads) {
+  return layers(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis,
+                S, h, nthreads, 0, nullptr, nullptr);
+}
+
+// swk_layers over the rows of several sequences, each with its own cache (one pass reads every weight once for all
+// of them): row t reads and writes the caches kvs[row_cache[t] * n_layers + l] (layer l's [2, KV, max_slots, hd];
+// the table's P_KV entries are not read), slots[t] and vis[t] are in its cache's slots. row_cache [T] is
+// nondecreasing in [0, n_caches). Each row's result is the one it gets in a pass of its own sequence alone.
+int swk_layers_multi(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
+                     int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
+                     int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
+                     const uint8_t* vis, int64_t S, float* h, int nthreads, int64_t n_caches, const uint64_t* kvs,
+                     const int64_t* row_cache) {
+  if (!kvs) return -1;
+  return layers(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis,
+                S, h, nthreads, n_caches, kvs, row_cache);
 }
 
 // The block-format matmul (kernels/cpu/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.

@@ -1,47 +1,79 @@
-"""The speculative round, whatever drafts:
+"""The speculative round, whatever drafts, split around its one target pass (:class:`Decoder`):
 
-  gather proposals (a model drafter's levels, free sources' chains) -> build the tree the gate says pays
-  -> one verify pass -> accept (blind to who drafted) -> commit -> each source learns from its nodes
+  plan    gather proposals (a model drafter's levels, free sources' chains) -> build the tree the gate says pays
+          -> the pass it needs: a verify pass over the tree, or one plain step when nothing pays
+          (a call's first passes are its prompt's prefill)
+  finish  accept (blind to who drafted) -> commit -> each source learns from its nodes
 
-or, when nothing pays, one plain decode step.
+A call alone runs plan, its pass, finish until done (:func:`speculative_decode`); a batch (decoding/batch.py) runs
+every request's plan, then ONE target pass over all their rows, then every request's finish.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
+from ..runtime.model import Rows
 from .acceptance import accept_nodes, accept_tree
-from .costs import SourceBudget
+from .budget import SourceBudget
 from ..proposers.base import Context
 from .session import Session
-from .tree import Chain, build_tree
+from .tree import Chain, Tree, build_tree
 
 
-def speculative_decode(s: Session, drafter, sources: list):
-    """Decode with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None) and the free
-    ``sources`` (proposers.base.FreeSource) until the sink stops. Returns the call's DecodeStats."""
-    owners = {src.name: src for src in sources}
-    learners = [src for src in sources if src.learns]   # Token Recycling: the target's scores after each token
-    if drafter is not None:
-        owners[drafter.name] = drafter
-    costs, gate = s.costs, s.gate
-    budget = SourceBudget((src.name for src in sources), gate.auto)   # sources whose host time buys nothing: probed
-    s.start()
-    while not s.done:
+@dataclass
+class Pass:
+    """The target pass a round needs: its rows, and what finishing the round reads."""
+
+    kind: str                      # "prefill", "plain" or "verify"
+    rows: Rows
+    phase: str = "accelerate"      # the drafter's phase this round (stats)
+    tree: Optional[Tree] = None    # verify: the tree
+    levels: list = field(default_factory=list)   # verify: the model drafter's levels
+    t_draft: float = 0.0           # host seconds the round's proposals took
+    solo: bool = False             # it cannot share a pass: a KVQ verify starts from the draft's kept residual
+
+
+class Decoder:
+    """One call's decoding with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None)
+    and the free ``sources`` (proposers.base.FreeSource), one round at a time."""
+
+    def __init__(self, s: Session, drafter, sources: list):
+        self.s, self.drafter, self.sources = s, drafter, sources
+        self.owners = {src.name: src for src in sources}
+        self.learners = [src for src in sources if src.learns]   # Token Recycling: the target's scores after each token
+        if drafter is not None:
+            self.owners[drafter.name] = drafter
+        # sources whose host time buys nothing: probed
+        self.budget = SourceBudget((src.name for src in sources), s.gate.auto)
+
+    @property
+    def done(self) -> bool:
+        return self.s.done
+
+    def plan(self, prefill_limit: int = 0) -> Pass:
+        """Everything of the next round before its target pass. While the prompt is not all in the cache: its
+        next chunk (``prefill_limit`` rows at most, 0: the rest)."""
+        s = self.s
+        if s.prefilling:
+            return Pass("prefill", s.prefill_rows(prefill_limit))
+        drafter, gate = self.drafter, s.gate
         t = s.begin_round()
         active = None if drafter is None or drafter.resting(gate, s.model.device) else drafter
         dc = s.draft_context() if active is not None else None   # the round's view, for the search and the draft
         phase, found = active.optimize(dc) if active is not None else ("accelerate", None)
         if found is not None:
             s.searched(t, found)
-        budget.start_round()
+        self.budget.start_round()
         t = time.perf_counter()
         levels, chains = [], []
         if s.measured:   # an engine's first round is a plain step: it times one, so drafts can be priced
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
-            chains = [c for src in sources if src.name in budget.on
-                      for c in as_chains(budget.timed(src.name, src.propose, ctx))]
+            chains = [c for src in self.sources if src.name in self.budget.on
+                      for c in as_chains(self.budget.timed(src.name, src.propose, ctx))]
             if active is not None:   # after the free chains: a drafter may leave a round to them (draft_model)
                 dc.chains = chains
                 levels = active.propose(dc)
@@ -54,25 +86,51 @@ def speculative_decode(s: Session, drafter, sources: list):
                               choose_size=lambda vals: size(t_draft, vals) if gate.auto or not levels else len(vals))
         if levels:
             drafter.observe_cost(t_draft / len(levels))
-        t = s.timer.add("draft", t)
+        s.timer.add("draft", t)
+        if tree is None:   # nothing worth verifying: one plain step
+            return Pass("plain", s.step_rows(), phase, levels=levels, t_draft=t_draft)
+        n, N = s.cache.length, tree.size
+        rows = Rows(tree.tokens, n + tree.depth, torch.arange(n, n + N, device=s.model.device), s.cache, tree.mask)
+        boundary = drafter.boundary if levels else None
+        return Pass("verify", rows, phase, tree, levels, t_draft, solo=boundary is not None)
 
-        if tree is None:   # nothing worth verifying
+    def run(self, p: Pass):
+        """The pass alone: its logits (all rows a verify or plain pass reads; a prefill's last row)."""
+        s, r = self.s, p.rows
+        if p.kind == "verify":
+            return verify(s.model, s.cache, p.tree, p.levels, self.drafter.boundary if p.levels else None)
+        if p.kind == "plain":
+            return s.model.forward(r.tokens, r.positions, r.slots, s.cache, start=s.cache.length)
+        return s.model.forward(r.tokens, r.positions, r.slots, s.cache, logits_idx=r.logits_idx)
+
+    def finish(self, p: Pass, logits, seconds: float, timed: bool = True) -> None:
+        """Everything of the round after its pass (``seconds`` long; ``timed``: the round's own pass, which the cost
+        model learns from; in a batch the scheduler times its passes)."""
+        s, gate, costs, budget, drafter = self.s, self.s.gate, self.s.costs, self.budget, self.drafter
+        if p.kind == "prefill":
+            s.prefilled(p.rows, logits)
+            s.timer.totals["prefill"] = s.timer.totals.get("prefill", 0.0) + seconds
+            return
+        if p.kind == "plain":
             root = s.tokens[-1]
-            logits = s.plain_step(phase)
-            learn(budget, learners, [root], logits, [0])
+            s.timer.totals["verify"] = s.timer.totals.get("verify", 0.0) + seconds
+            s.stepped(logits, p.phase, seconds, timed)
+            learn(budget, self.learners, [root], logits, [0])
             budget.end_round({}, costs.step or 0.0)
-            if levels:   # drafted, but no node was worth verifying: a round slower than a plain step
-                gate.drafted(costs.v(1) / (len(levels) * drafter.step_cost() + costs.v(1)))
-            continue
-
-        logits = verify(s.model, s.cache, tree, levels, drafter.boundary if levels else None)
+            if p.levels:   # drafted, but no node was worth verifying: a round slower than a plain step
+                gate.drafted(costs.v(1) / (len(p.levels) * drafter.step_cost() + costs.v(1)))
+            return
+        t = time.perf_counter()
+        tree, levels = p.tree, p.levels
         nodes, bonus = accept(s, tree, logits)
-        learn(budget, learners, [tree.host_tokens[i] for i in nodes], logits, nodes)
-        t_verify = s.timer.add("verify", t) - t
-        costs.observe_verify(tree.size, t_verify)
+        learn(budget, self.learners, [tree.host_tokens[i] for i in nodes], logits, nodes)
+        s.timer.totals["verify"] = s.timer.totals.get("verify", 0.0) + seconds
+        t_verify = seconds + s.timer.add("verify", t) - t
+        if timed:
+            costs.observe_verify(tree.size, t_verify)
         hits: dict = {}
         for i, hit in tree.outcomes(nodes):
-            owners[tree.source[i]].observe(tree.key[i], hit)
+            self.owners[tree.source[i]].observe(tree.key[i], hit)
             hits[tree.source[i]] = hits.get(tree.source[i], 0) + hit
         budget.end_round(hits, costs.step or 0.0)
         if gate.probing:
@@ -82,11 +140,25 @@ def speculative_decode(s: Session, drafter, sources: list):
         else:
             gate.free_measured(len(nodes), tree.size)
         t = time.perf_counter()
-        s.commit(tree, nodes, bonus, phase, t_draft, t_verify, len(levels))
+        s.commit(tree, nodes, bonus, p.phase, p.t_draft, t_verify, len(levels))
         s.timer.add("other", t)
-    if drafter is not None:
-        drafter.finish(s.stats)
-    return s.finish()
+
+    def close(self):
+        """The call's DecodeStats."""
+        if self.drafter is not None:
+            self.drafter.finish(self.s.stats)
+        return self.s.finish()
+
+
+def speculative_decode(s: Session, drafter, sources: list):
+    """Decode one call alone until its sink stops: the prompt in one pass, then rounds. Returns its DecodeStats."""
+    d = Decoder(s, drafter, sources)
+    while not s.done:
+        p = d.plan()
+        t = time.perf_counter()
+        logits = d.run(p)
+        d.finish(p, logits, time.perf_counter() - t)
+    return d.close()
 
 
 def learn(budget, learners: list, tokens: list, logits, rows: list) -> None:

@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..errors import SwiftkError
+from ..runtime.model import Rows
 from .output import DecodeStats, TokenSink
 from .sampler import Sampler
 
@@ -28,6 +29,24 @@ def prefill(model, cache, prompt_ids: list, sampler: Sampler, reuse: int = 0) ->
                            logits_idx=torch.tensor([P - reuse - 1], device=dev))
     cache.advance(P - reuse)
     return sampler.pick(logits[0], P)
+
+
+def prefill_rows(model, cache, prompt_ids: list, start: int, end: int) -> Rows:
+    """The rows of prompt positions [start, end) (the cache holds the KV of [0, start)), causal; logits only for
+    the prompt's last position, when this chunk holds it. :func:`prefill` is the whole prompt in one chunk; a
+    batch (decoding/batch.py) prefills a prompt in chunks that ride along with other requests' passes."""
+    dev = model.device
+    pos = torch.arange(start, end, device=dev)
+    last = torch.tensor([end - start - 1], device=dev) if end == len(prompt_ids) else torch.zeros(0, dtype=torch.long,
+                                                                                                   device=dev)
+    return Rows(torch.tensor(prompt_ids[start:end], device=dev), pos, pos, cache, None, last)
+
+
+def step_rows(model, cache, token: int) -> Rows:
+    """The row of one plain step: ``token`` at the next slot, causal."""
+    n = cache.length
+    pos = torch.tensor([n], device=model.device)
+    return Rows(torch.tensor([token], device=model.device), pos, pos, cache)
 
 
 def full_logits(model, cache, ids: list) -> torch.Tensor:

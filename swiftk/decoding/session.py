@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 
+from ..errors import SwiftkError
 from .costs import CostModel, Gate
 from ..proposers.base import DraftContext
 from .output import DecodeStats, Timer, TokenSink
-from .passes import prefill, step_logits
+from .passes import prefill_rows, step_rows
 from .sampler import Sampler
 from .tree import DRAFT, ROOT
 
@@ -25,6 +26,7 @@ class Session:
         self.sampler, self.sink, self.cfg = sampler, sink, cfg
         self.tokens = list(prompt_ids)   # prompt + emitted tokens; once prefilled the last is the pending root
         self.prompt_len = len(prompt_ids)
+        self.filled = None   # prompt tokens whose KV is in the cache (None: the prefill has not started)
         self.rejection = not sampler.greedy and cfg.sampling == "rejection"
         self.bins = cfg.topk_greedy if sampler.greedy else cfg.topk_sampling
         self.max_nodes = cfg.max_tree_nodes or (64 if gate.auto else costs.budget())
@@ -66,29 +68,59 @@ class Session:
         if self.cfg.trace:
             self.stats.matchness_history.append(found)
 
-    def start(self) -> None:
-        """Prefill the prompt; the first new token becomes the pending root."""
-        t = time.perf_counter()
-        self.tokens.append(prefill(self.model, self.cache, self.tokens, self.sampler, self.reuse))
-        self.stats.decoding_steps = 1
-        self.timer.add("prefill", t)
-        self.done = self.sink.push(self.tokens[-1])
+    @property
+    def prefilling(self) -> bool:
+        return self.filled is None or self.filled < self.prompt_len
 
-    def plain_step(self, phase: str):
-        """The cheapest way to the next token when no draft pays. Returns the target's scores [1, V] after the
-        token it read (the old root)."""
-        t0 = time.perf_counter()
-        tok, logits = step_logits(self.model, self.cache, self.tokens[-1], self.sampler)
-        self.tokens.append(tok)
+    def prefill_rows(self, limit: int = 0):
+        """The rows of the prompt's next chunk (``limit`` rows at most; 0: all the rest); the first chunk starts
+        after the ``reuse`` slots an earlier call left."""
+        if self.filled is None:
+            if not 0 <= self.reuse < self.prompt_len:
+                raise SwiftkError(f"can reuse 0 to {self.prompt_len - 1} of a {self.prompt_len}-token prompt's "
+                                  f"slots, not {self.reuse}")
+            if self.reuse:
+                self.cache.truncate(self.reuse)
+            else:
+                self.cache.reset()
+            self.filled = self.reuse
+        end = self.prompt_len if limit <= 0 else min(self.prompt_len, self.filled + limit)
+        return prefill_rows(self.model, self.cache, self.tokens, self.filled, end)
+
+    def prefilled(self, rows, logits) -> None:
+        """A prefill chunk's pass ran: its KV joins the prefix; after the last chunk the first new token (from
+        ``logits`` [1, V], its last row's) becomes the pending root."""
+        n = rows.tokens.shape[0]
+        self.cache.advance(n)
+        self.filled += n
+        if self.filled == self.prompt_len:
+            self.tokens.append(self.sampler.pick(logits[0], self.prompt_len))
+            self.stats.decoding_steps = 1
+            self.done = self.sink.push(self.tokens[-1])
+
+    def step_rows(self):
+        """The row of a plain step: the pending root at the next slot."""
+        return step_rows(self.model, self.cache, self.tokens[-1])
+
+    def stepped(self, logits, phase: str, seconds: float, timed: bool = True) -> None:
+        """A plain step's pass ran (its scores ``logits`` [1, V] after the old root): the root joins the prefix, the
+        next token is picked. ``timed``: ``seconds`` is the step's own (a solo pass), which the cost model learns;
+        in a batch the scheduler times its passes."""
+        n = self.cache.length
+        self.cache.advance(1)
+        self.sampler.release(n + 1)
+        self.tokens.append(self.sampler.pick(logits[0], n + 1))
         st = self.stats
         st.decoding_steps += 1
         st.plain_steps += 1
         if self.cfg.trace:
             st.phases.append("plain" if phase == "accelerate" else phase)
         self.done = self.sink.push(self.tokens[-1])
-        self._gain = self.timer.add("verify", t0) - t0
-        self.costs.observe_step(self._gain)
-        return logits
+        if timed:
+            self._gain = seconds
+            self.costs.observe_step(seconds)
+        else:
+            self._gain = self.costs.step or seconds
 
     def commit(self, tree, nodes: list, bonus: int, phase: str, t_draft: float, t_verify: float,
                n_levels: int) -> None:

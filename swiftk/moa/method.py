@@ -44,15 +44,15 @@ def load_drafter(engine, path=None) -> MoARunner:
 
 class MoA(Method):
     """Free drafts + a small trained drafter on the target's KV cache (experimental)."""
-    name = "moa"
+    name, one_at_a_time = "moa", True
 
     def build(self, engine, cfg) -> None:
         if engine.resource("drafter") is None:
             load_drafter(engine, engine.drafter_file)
         engine.draft_head(cfg.draft_vocab)
 
-    def drafter(self, engine, state, cfg, fixed):
-        return MoADraft(engine.resource("drafter"), state, engine.draft_head(cfg.draft_vocab), engine.costs)
+    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
+        return MoADraft(engine.resource("drafter"), state, engine.draft_head(cfg.draft_vocab, slot), engine.costs)
 
 
 class MoADraft(ModelDrafter):

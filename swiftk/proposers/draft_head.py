@@ -123,6 +123,17 @@ class DraftHead:
     def capacity(self) -> int:
         return self._w.shape[0]
 
+    def copy(self, n: int) -> "DraftHead":
+        """A head of its own holding this one's first ``n`` ids (the base set): calls decoding together each grow
+        their own context rows."""
+        other = DraftHead.__new__(DraftHead)
+        other.lm_head, other.vocab_size, other._blocks = self.lm_head, self.vocab_size, self._blocks
+        other._w, other._ids = self._w.clone(), self._ids.clone()
+        other._s = None if self._s is None else self._s.clone()
+        other._n = max(0, min(n, self._n))
+        other._members = set(other._ids[:other._n].tolist())
+        return other
+
     def __len__(self) -> int:
         return self._n
 
@@ -185,9 +196,10 @@ class DraftHead:
         return sum(nbytes(t) for t in (self._w, self._ids) + ((self._s,) if self._s is not None else ()))
 
 
-def engine_draft_head(engine, size: int):
-    """The engine's draft head of ``size`` base tokens, built once (kept as its "draft_head" resource) and reset
-    for a new call; None when a subset would not be much smaller than the vocabulary (or ``size`` is 0)."""
+def engine_draft_head(engine, size: int, slot: int = 0):
+    """The engine's draft head of ``size`` base tokens for the calls on batch slot ``slot``, built once (kept as
+    its ("draft_head", size, slot) resource: slot 0's from the vocabulary, the others copies of it) and reset for a
+    new call; None when a subset would not be much smaller than the vocabulary (or ``size`` is 0)."""
     if not 0 < size < engine.config.vocab_size // 2:
         return None
     def make():
@@ -195,6 +207,7 @@ def engine_draft_head(engine, size: int):
                                   model_name=str(engine.identity.get("name") or "model"))
         return len(base), DraftHead(engine.model.lm_head, base.to(engine.device), len(base) + engine.max_context + 64)
 
-    n_base, head = engine.resource(("draft_head", size), make)
+    n_base, first = engine.resource(("draft_head", size, 0), make)
+    head = first if not slot else engine.resource(("draft_head", size, slot), lambda: first.copy(n_base))
     head.truncate(n_base)
     return head

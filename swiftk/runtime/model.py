@@ -13,7 +13,8 @@
   vocabulary draft head) else the full LM head.
 
 Partial passes (the KVQ cache) wrap the same layer loop: :meth:`Model.forward_to`, :meth:`Model.forward_from`,
-``forward(..., capture_layer=E)``. The KV cache is written by slot; nothing here copies it.
+``forward(..., capture_layer=E)``. The KV cache is written by slot; nothing here copies it. ``forward_batch``: the
+rows of several sequences (:class:`Rows`, each with its own cache) in one pass.
 """
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ from .skipset import SkipSet
 from .ops.masks import BoundedMask, TreeMask
 from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
                       choose_cpu_linear_forms, formats, fused_layer_table, linear, named_weights, nbytes)
+
+@dataclass
+class Rows:
+    """One sequence's rows in a batched pass (:meth:`Model.forward_batch`): ``forward``'s arguments for it."""
+    tokens: torch.Tensor                        # [n] token ids
+    positions: torch.Tensor                     # [n]
+    slots: torch.Tensor                         # [n] slots of ``cache``
+    cache: KVCache
+    mask: object = None                         # None (causal by slot), a TreeMask or a dense bool [n, S]
+    logits_idx: Optional[torch.Tensor] = None   # the rows whose logits are wanted (None: all)
+
 
 @dataclass
 class Layer:
@@ -142,6 +154,7 @@ class Model(FusedCPULayers):
                           and all(t.dtype == torch.float32 for L in self.layers for t in (L.attn_norm, L.mlp_norm)))
         self._fused_tables: dict = {}
         self._fused_fl = (None, None)
+        self._rope_table = None   # (cos, sin) [positions, hd/2] of the fused loop
         if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
@@ -241,6 +254,20 @@ class Model(FusedCPULayers):
                                       capture_layer)
         logits = self.final_logits(h, x, logits_idx, head)
         return logits if capture_layer is None else (logits, captured)
+
+    @torch.inference_mode()
+    def forward_batch(self, parts: list) -> list:
+        """Logits per part (a :class:`Rows`), each what ``forward`` gives for that part alone. On the CPU's fused
+        loop one pass reads every weight once for all parts and computes each row on its own, so a row's bits do not
+        depend on what shares the pass (batch invariance across sequences); elsewhere the parts run one after
+        another."""
+        if len({id(p.cache) for p in parts}) != len(parts):
+            raise SwiftkError("forward_batch: every part needs a cache of its own")
+        if (len(parts) > 1 and self.fused_ok and self.graphs is None and cpu_linear.fused_active()
+                and all(p.tokens.shape[0] >= 1 for p in parts)):
+            return self._forward_fused_batch(parts)
+        return [self.forward(p.tokens, p.positions, p.slots, p.cache, attn_mask=p.mask, logits_idx=p.logits_idx)
+                for p in parts]
 
     @torch.inference_mode()
     def forward_to(self, stop_layer: int, token_ids, positions, slots, cache: KVCache, attn_mask=None):

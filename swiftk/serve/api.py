@@ -129,7 +129,7 @@ def stats(result, queue_s: float) -> dict:
     return {"method": s.method, "tokens_per_s": round(s.tokens_per_s, 3) if s.new_tokens else 0.0,
             "mean_accepted_length": round(s.mean_accepted_length, 3),
             "acceptance_rate": round(s.acceptance_rate, 4), "decoding_steps": s.decoding_steps,
-            "prompt_reused": s.prompt_reused,
+            "prompt_reused": s.prompt_reused, "shared_passes": s.shared_passes,
             "accepted_by_source": dict(s.accepted_by_source), "wall_time_s": round(s.wall_time_s, 4),
             "queue_time_s": round(queue_s, 4)}
 

@@ -1,9 +1,10 @@
-"""The HTTP server: routes, one decode at a time on the engine, streaming, cancellation and shutdown.
+"""The HTTP server: routes, continuous batching on the engine, streaming, cancellation and shutdown.
 
-The engine decodes on one worker thread, first come first served, with at most ``queue_size`` requests waiting
-(more get HTTP 429 with Retry-After). The event loop only parses, validates and tokenizes, so a bad request is
-answered at once even while the engine is busy. A client that goes away sets its job's cancel event: decoding
-stops at the next committed token and the engine serves the next request.
+Requests decode together on one decode thread (swiftk.scheduler.Scheduler): up to ``max_batch`` at once, every round
+of all of them in one target pass, a request joining or leaving between rounds; at most ``queue_size`` more wait for
+a free slot (beyond that HTTP 429 with Retry-After). A response's tokens do not depend on what else decodes beside
+it. The event loop only parses, validates and tokenizes, so a bad request is answered at once while the engine
+decodes. A client that goes away sets its request's cancel event: it leaves the batch at its next token.
 """
 from __future__ import annotations
 
@@ -11,11 +12,7 @@ import asyncio
 import hmac
 import json
 import logging
-import math
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from fastapi import FastAPI, Request
@@ -28,8 +25,10 @@ from ..options import split_options, updated
 from ..errors import SwiftkError
 from ..decoding.output import check_lengths
 from ..decoding.sampler import SamplingParams
+from ..requests import check_max_batch
 from . import api
 from .api import APIError
+from .decode import Cancelled, DecodeThread, Job
 
 log = logging.getLogger("swiftk.serve")
 HISTORY_SCOPES = ("server", "key")
@@ -38,94 +37,26 @@ MAX_STOP = 4                # OpenAI's limit on stop sequences
 _DONE = object()
 
 
-class Cancelled(Exception):
-    """The job was cancelled before or while decoding (client gone, or the server shutting down)."""
-
-
-@dataclass
-class Job:
-    ids: list
-    max_new: int
-    sampling: dict
-    stop: list
-    state: object = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-    t_submit: float = field(default_factory=time.perf_counter)
-    queue_s: float = 0.0
-
-
-class Scheduler:
-    """Jobs on one worker thread, in arrival order; at most ``queue_size`` of them waiting."""
-
-    def __init__(self, queue_size: int):
-        self.queue_size = queue_size
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="swiftk-serve")
-        self._lock = threading.Lock()
-        self._pending = 0         # queued + running
-        self._live: set = set()   # cancel events of the queued and running jobs
-        self._job_s = 1.0         # moving mean of a job's duration, for Retry-After
-        self.closing = False
-        self.served = self.cancelled = 0
-
-    @property
-    def waiting(self) -> int:
-        return max(0, self._pending - 1)
-
-    def submit(self, fn, job: Job):
-        with self._lock:
-            if self.closing:
-                raise APIError(503, "the server is shutting down")
-            if self._pending > self.queue_size:   # one running, queue_size waiting
-                retry = max(1, math.ceil(self._job_s * self._pending))
-                raise APIError(429, f"the engine is busy and {self._pending - 1} requests are waiting (queue size "
-                               f"{self.queue_size}); retry in {retry} s", code="queue_full",
-                               headers={"Retry-After": str(retry)})
-            self._pending += 1
-            self._live.add(job.cancel)
-
-        def run():
-            t0 = time.perf_counter()
-            job.queue_s = t0 - job.t_submit
-            try:
-                if job.cancel.is_set():
-                    raise Cancelled
-                return fn()
-            finally:
-                with self._lock:
-                    self._live.discard(job.cancel)
-                    self._pending -= 1
-                    self.served += 1
-                    self.cancelled += job.cancel.is_set()
-                    self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - t0)
-
-        return self._pool.submit(run)
-
-    def close(self) -> None:
-        """Refuse new jobs; the queued ones end unrun and the running one at its next token."""
-        with self._lock:
-            self.closing = True
-            for ev in self._live:
-                ev.set()
-        self._pool.shutdown(wait=False)
-
-
 class Server:
     """One engine behind OpenAI's completions and chat-completions endpoints.
 
     ``history_scope``: "server" shares the engine's learned state (and the session history it drafts from)
     across all requests; "key" keeps one learned state per API key, so no client's output drafts (and speeds up)
     another key's responses, and prefills every prompt whole (no prefix_cache). ``options``: decode options applied
-    to every request (options.DecodeConfig).
+    to every request (options.DecodeConfig). ``max_batch``: requests decoding together (default: the engine's
+    ``default_max_batch``, sized to the machine); ``queue_size``: requests waiting beyond those.
     """
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
-                 queue_size: int = 16, method: Optional[str] = None, options: Optional[dict] = None):
+                 queue_size: int = 16, method: Optional[str] = None, options: Optional[dict] = None,
+                 max_batch: Optional[int] = None):
         if history_scope not in HISTORY_SCOPES:
             raise SwiftkError(f"history_scope must be one of {HISTORY_SCOPES}, got {history_scope!r}")
         if history_scope == "key" and not api_keys:
             raise SwiftkError("history_scope='key' needs at least one API key (--api-key)")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
             raise SwiftkError(f"queue_size must be an int >= 0, got {queue_size!r}")
+        max_batch = check_max_batch(engine.default_max_batch if max_batch is None else max_batch)
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
@@ -144,8 +75,8 @@ class Server:
         # key scope: no prompt reuses the KV another key's request left (its speed would tell what they share)
         self.options = dict(options or {}, **({"prefix_cache": False} if history_scope == "key" else {}))
         self.states = {k: engine.new_state() for k in api_keys} if history_scope == "key" else {}
-        self.scheduler = Scheduler(queue_size)
         self.created = int(time.time())
+        self.decoder = DecodeThread(engine, max_batch, queue_size)   # last: it starts the decode thread
 
     # ------------------------------------------------------------------ app
     def app(self) -> FastAPI:
@@ -157,9 +88,9 @@ class Server:
 
         @app.get("/health")
         async def health():
-            q = self.scheduler
-            return {"status": "closing" if q.closing else "ok", "model": self.model_name, "waiting": q.waiting,
-                    "served": q.served, "cancelled": q.cancelled}
+            q = self.decoder
+            return {"status": "closing" if q.closing else "ok", "model": self.model_name, "running": q.running,
+                    "max_batch": q.max_batch, "waiting": q.waiting, "served": q.served, "cancelled": q.cancelled}
 
         @app.get("/v1/models")
         async def models(request: Request):
@@ -208,12 +139,12 @@ class Server:
                     except RuntimeError:   # the loop is closed: the server is gone
                         pass
 
-                fut = self.scheduler.submit(lambda: self._decode(job, put), job)
+                fut = self.decoder.submit(self._request(job, put), job)
                 fut.add_done_callback(lambda f: put(_DONE))
                 usage = bool(req.stream_options and req.stream_options.include_usage)
                 return StreamingResponse(self._events(job, rid, chat, fut, q, usage), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
-            fut = asyncio.wrap_future(self.scheduler.submit(lambda: self._decode(job), job))
+            fut = asyncio.wrap_future(self.decoder.submit(self._request(job), job))
             while not fut.done():
                 await asyncio.wait({fut}, timeout=0.2)
                 if not fut.done() and await request.is_disconnected():
@@ -307,10 +238,11 @@ class Server:
             raise APIError(400, f"{'messages' if chat else 'prompt'}: {e}",
                            param="messages" if chat else "prompt") from None
 
-    def _decode(self, job: Job, callback=None):
-        return self.engine.generate(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
-                                    callback=callback, state=job.state, _cancel=job.cancel, **job.sampling,
-                                    **self.options)
+    def _request(self, job: Job, callback=None):
+        """The job as the engine's checked Request (raises SwiftkError on what the engine refuses)."""
+        return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
+                                   callback=callback, state=job.state, _cancel=job.cancel, **job.sampling,
+                                   **self.options)
 
 
 def _finished(result):
@@ -368,7 +300,7 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, lo
 
     class _Uvicorn(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            srv.scheduler.close()   # in-flight decodes end at their next token, so the graceful wait is short
+            srv.decoder.close()   # in-flight decodes end at their next token, so the graceful wait is short
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(srv.app(), host=host, port=port, log_level=log_level, lifespan="off",
@@ -376,4 +308,4 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, lo
     try:
         _Uvicorn(config).run()
     finally:
-        srv.scheduler.close()
+        srv.decoder.close()

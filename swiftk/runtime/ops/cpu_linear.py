@@ -25,7 +25,8 @@ from swiftk.runtime.ops.native import ENV_VAR, FLAGS, source_path  # noqa: F401 
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 _SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows", "swk_topk_into", "swk_greedy_path", "swk_set_attention_tiles", "swk_ngram_propose")
+            "swk_topk_rows", "swk_topk_into", "swk_greedy_path", "swk_set_attention_tiles", "swk_ngram_propose",
+            "swk_layers_multi")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -66,6 +67,8 @@ def _load() -> None:
     lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
                                + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
                                + [ctypes.c_void_p, ctypes.c_int])
+    lib.swk_layers_multi.argtypes = lib.swk_layers.argtypes + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    lib.swk_layers_multi.restype = ctypes.c_int
     _lib, _fn, _why = lib, fn, ""
 
 
@@ -253,6 +256,11 @@ def set_attention_tiles(on: bool) -> None:
 def layers_fn():
     """The C entry ``swk_layers`` (see kernels/cpu/cpu_decode.cpp). Call only after :func:`available` returned True."""
     return _lib.swk_layers
+
+
+def layers_multi_fn():
+    """The C entry ``swk_layers_multi``: rows of several sequences, each with its own cache, in one pass."""
+    return _lib.swk_layers_multi
 
 
 def use_q_linear(address: int) -> None:

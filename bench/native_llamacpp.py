@@ -1,0 +1,103 @@
+"""Native llama.cpp, built once for the benches: the llama.cpp source tree that the llama-cpp-python sdist vendors,
+compiled with its own CMake (``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``, Release) into
+``$SWIFTK_HOME/llamacpp/<version>/build`` and reused by every later run. llama.cpp's users run these tools
+(``llama-bench``, ``llama-server``), not the Python wrapper, so the benches compare against them.
+
+    python -m bench.native_llamacpp            # build (or find) it; print the binaries and llama.cpp's build info
+
+``build_info()`` records what a result was measured against: the sdist version, llama.cpp's own build number and
+commit (``llama-bench -o json``) and the CPU features its build uses (``system_info``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+VERSION = "0.3.36"   # llama-cpp-python sdist whose vendor/llama.cpp is built
+TARGETS = ("llama-bench", "llama-server")
+
+
+def root() -> Path:
+    from swiftk.home import swiftk_home
+
+    return Path(swiftk_home()) / "llamacpp" / VERSION
+
+
+def binary(name: str) -> Path:
+    return root() / "build" / "bin" / name
+
+
+def _say(msg: str) -> None:
+    print(f"[native llama.cpp] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure() -> Path:
+    """The build folder, building it first when a target is missing (~5 min on 2 cores, a line per step)."""
+    if all(binary(t).is_file() for t in TARGETS):
+        return root() / "build"
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("native llama.cpp needs cmake on PATH")
+    src = root() / "src"
+    if not (src / "CMakeLists.txt").is_file():
+        with tempfile.TemporaryDirectory() as d:
+            _say(f"downloading the llama-cpp-python {VERSION} sdist (its vendored llama.cpp source)")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+                            f"llama-cpp-python=={VERSION}", "-d", d], check=True)
+            sdist = next(Path(d).glob("llama_cpp_python-*.tar.gz"))
+            with tarfile.open(sdist) as tf:
+                tf.extractall(d, filter="data")
+            vendored = next(Path(d).glob("llama_cpp_python-*/vendor/llama.cpp"))
+            tmp = src.with_name("src.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(vendored, tmp)
+            os.replace(tmp, src)
+    build = root() / "build"
+    t0 = time.perf_counter()
+    _say(f"configuring {src} (cmake -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, Release)")
+    subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True,
+                   stdout=subprocess.DEVNULL)
+    _say(f"building {', '.join(TARGETS)} (~5 min on 2 cores)")
+    subprocess.run([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)], check=True,
+                   stdout=subprocess.DEVNULL)
+    _say(f"built in {time.perf_counter() - t0:.0f} s")
+    return build
+
+
+def build_info(gguf: Path, threads: int) -> dict:
+    """llama.cpp's own account of the build: version, commit, and the CPU backend's features (one tiny run)."""
+    r = subprocess.run([str(binary("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "1",
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=300)
+    info = {"sdist": f"llama-cpp-python=={VERSION} vendor/llama.cpp", "cmake": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF",
+            "bin": str(binary("llama-bench").parent)}
+    try:
+        row = json.loads(r.stdout)[0]
+        info.update({k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")})
+    except (ValueError, IndexError, KeyError):
+        info["error"] = r.stderr[-500:]
+    sysinfo = [ln for ln in r.stderr.splitlines() if "system_info" in ln or "CPU :" in ln]
+    if sysinfo:
+        info["system_info"] = sysinfo[-1].strip()
+    return info
+
+
+def main() -> int:
+    build = ensure()
+    for t in TARGETS:
+        print(binary(t))
+    from swiftk.loading.registry import resolve_model
+
+    print(json.dumps(build_info(resolve_model("smollm2-135m"), 2), indent=1))
+    return 0 if build.is_dir() else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

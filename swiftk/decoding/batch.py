@@ -1,0 +1,110 @@
+"""Several calls decoding together: every round, each call plans its round (decoding/loop.py's Decoder), then ONE
+target pass computes every call's rows (Model.forward_batch: each call has its own KV cache), then each call
+finishes its round. Calls join and leave between rounds.
+
+Each row's logits are the bits the call would get decoding alone (the CPU kernels compute every row on its own), so
+a call's tokens do not depend on what shares its passes.
+
+Pricing: a draft row costs its share of a pass that also carries the other calls' rows. Before a call plans, its
+gate learns the rows already in the pass and the tokens they are expected to yield (``Gate.batch``); it keeps the
+nodes that raise the pass's tokens per second. The first call to plan rotates, so none always plans against an
+empty pass. Prefills ride along in chunks, so a new prompt does not stall the others for its whole length.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from .loop import Decoder, Pass
+
+# Prompt rows per pass while other calls decode (a prompt of 512 tokens joins over ~8 rounds), and while none does.
+PREFILL_ROWS_BESIDE = 64
+PREFILL_ROWS_ALONE = 256
+
+
+class Batch:
+    """The calls decoding together (their Decoders), on one model."""
+
+    def __init__(self, model, costs):
+        self.model, self.costs = model, costs
+        self.calls: list = []     # Decoders, in arrival order
+        self._first = 0           # which call plans first this round (rotates)
+        self.passes = 0
+
+    def add(self, d: Decoder) -> None:
+        self.calls.append(d)
+
+    def remove(self, d: Decoder) -> None:
+        self.calls.remove(d)
+
+    def step(self, failed: Callable[[Decoder, BaseException], None]) -> None:
+        """One round of every call. A call whose planning or finishing raises leaves the batch through
+        ``failed(decoder, error)``; the others go on."""
+        calls = [d for d in self.calls if not d.done]
+        if not calls:
+            return
+        k = self._first % len(calls)
+        self._first += 1
+        order = calls[k:] + calls[:k]
+        decoding = [d for d in order if not d.s.prefilling]
+        prefilling = [d for d in order if d.s.prefilling]
+        budget = PREFILL_ROWS_BESIDE if decoding else PREFILL_ROWS_ALONE
+        plans: list = []   # (decoder, Pass)
+        rows, tokens = 0, 0.0   # in the pass so far: rows, and the tokens they are expected to yield
+        for d in prefilling:
+            if budget <= 0:
+                break
+            p = self._plan(d, failed, budget)
+            if p is not None:
+                plans.append((d, p))
+                budget -= p.rows.tokens.shape[0]
+                rows += p.rows.tokens.shape[0]
+        for i, d in enumerate(decoding):
+            left = len(decoding) - i - 1   # calls still to plan: one row and one token each at least
+            d.s.gate.batch = (rows + left, tokens + left)
+            p = self._plan(d, failed)
+            d.s.gate.batch = (0, 0.0)
+            if p is not None:
+                plans.append((d, p))
+                rows += p.rows.tokens.shape[0]
+                tokens += 1.0 + (sum(p.tree.value[1:]) if p.tree is not None else 0.0)
+        shared = [(d, p) for d, p in plans if not p.solo]
+        for d, p in plans:
+            if p.solo:   # a pass that starts mid-model (KVQ): alone
+                self._finish(d, p, failed, lambda: d.run(p))
+        if not shared:
+            return
+        t = time.perf_counter()
+        try:
+            out = self.model.forward_batch([p.rows for _, p in shared])
+        except Exception as e:  # noqa: BLE001 - a failed pass fails the calls it carried, not the batch
+            for d, _ in shared:
+                failed(d, e)
+            return
+        dt = time.perf_counter() - t
+        self.passes += 1
+        total = sum(p.rows.tokens.shape[0] for _, p in shared)
+        if len(shared) > 1:   # a pass of one call is that call's own, timed by its finish
+            self.costs.observe_verify(total, dt)
+        for (d, p), logits in zip(shared, out):
+            d.s.stats.shared_passes += len(shared) > 1
+            try:
+                d.finish(p, logits, dt, timed=len(shared) == 1)
+            except Exception as e:  # noqa: BLE001
+                failed(d, e)
+
+    def _plan(self, d: Decoder, failed, limit: int = 0) -> Optional[Pass]:
+        try:
+            return d.plan(limit)
+        except Exception as e:  # noqa: BLE001 - a source or callback that raises fails its own call
+            failed(d, e)
+            return None
+
+    def _finish(self, d: Decoder, p: Pass, failed, run) -> None:
+        try:
+            t = time.perf_counter()
+            logits = run()
+            d.finish(p, logits, time.perf_counter() - t)
+        except Exception as e:  # noqa: BLE001
+            failed(d, e)
+

@@ -1,0 +1,155 @@
+"""The scheduler owns the requests of a batch: a request takes a free batch slot (a KV cache of the engine's) when
+one is free, else it waits in arrival order; every round of the running calls is one decoding.batch.Batch step (one
+target pass for all of them); a call that finishes, fails or is cancelled leaves between rounds and its slot goes to
+the next waiting request. Engine.generate_many runs one to completion; the server steps one from its decode thread.
+
+The engine is duck-typed here (its open_call / close_call / slot / model / costs): the engine imports this module,
+not the other way round.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Optional
+
+from .decoding.batch import Batch
+from .decoding.output import DecodeStats, GenerationResult
+from .requests import Request
+
+# done(result, error): exactly one of them is None
+Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
+
+
+class Scheduler:
+    def __init__(self, engine, max_batch: int):
+        self.engine, self.max_batch = engine, max_batch
+        self.batch = Batch(engine.model, engine.costs)
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._waiting: deque = deque()     # (request, done), arrival order
+        self._running: dict = {}           # decoder -> (call, done, slot index)
+        self._free = list(range(max_batch))
+
+    # ------------------------------------------------------------------ from any thread
+    def submit(self, req: Request, done: Done) -> None:
+        with self._work:
+            self._waiting.append((req, done))
+            self._work.notify()
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until a request waits or runs (True), or ``timeout`` seconds pass."""
+        with self._work:
+            if not self._waiting and not self._running:
+                self._work.wait(timeout)
+            return bool(self._waiting or self._running)
+
+    def wake(self) -> None:
+        with self._work:
+            self._work.notify_all()
+
+    # ------------------------------------------------------------------ from the thread that holds the engine
+    def step(self) -> None:
+        """Admit what fits, then one round of every running call; retire those that ended."""
+        self._drop_cancelled_waiting()
+        self._admit()
+        if not self._running:
+            return
+        failed: dict = {}
+        self.batch.step(lambda d, e: failed.setdefault(d, e))
+        for d in list(self._running):
+            if d in failed:
+                self._retire(d, error=failed[d])
+            elif d.done or (d.s.prefilling and self._cancelled(self._running[d][0].req)):
+                self._retire(d)
+
+    def run_until_idle(self) -> None:
+        while self._waiting or self._running:
+            self.step()
+
+    def cancel_all(self, error: BaseException) -> None:
+        """End every waiting and running request with ``error`` (shutdown)."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), deque()
+        for _, done in waiting:
+            done(None, error)
+        for d in list(self._running):
+            self._retire(d, error=error)
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _cancelled(req: Request) -> bool:
+        return req.cancel is not None and req.cancel.is_set()
+
+    def _drop_cancelled_waiting(self) -> None:
+        with self._lock:
+            gone = [(r, d) for r, d in self._waiting if self._cancelled(r)]
+            self._waiting = deque((r, d) for r, d in self._waiting if not self._cancelled(r))
+        for r, done in gone:
+            done(_cancelled_result(r), None)
+
+    def _admit(self) -> None:
+        while self._free:
+            with self._lock:
+                if not self._waiting:
+                    return
+                req, done = self._waiting[0]
+                # a method whose drafter keeps one engine-wide state (a draft model's cache, MoA's) decodes one call
+                # at a time; later requests wait behind it, in order
+                if getattr(req.method, "one_at_a_time", False) and any(
+                        getattr(c.req.method, "one_at_a_time", False) for c, _, _ in self._running.values()):
+                    return
+                self._waiting.popleft()
+            slot = self._pick_slot(req)
+            try:
+                call = self.engine.open_call(req, slot, batched=True)
+            except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+                done(None, e)
+                continue
+            self._free.remove(slot)
+            self.batch.add(call.decoder)
+            self._running[call.decoder] = (call, done, slot)
+
+    def _pick_slot(self, req: Request) -> int:
+        """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest."""
+        if not req.reuse_ok:
+            return min(self._free)
+        best, most = min(self._free), 0
+        for i in sorted(self._free):
+            sl = self.engine.slot(i)
+            n = sl.held.shared(sl.cache, req.ids)
+            if n > most:
+                best, most = i, n
+        return best
+
+    def _retire(self, d, error: Optional[BaseException] = None) -> None:
+        call, done, slot = self._running.pop(d)
+        self.batch.remove(d)
+        self._free.append(slot)
+        call.end()
+        if error is not None:
+            call.slot.held.forget()
+            done(None, error)
+            return
+        if d.s.prefilling:   # cancelled before its first token
+            call.slot.held.forget()
+            done(_cancelled_result(call.req), None)
+            return
+        try:
+            result = self.engine.close_call(call, d.close())
+        except Exception as e:  # noqa: BLE001
+            done(None, e)
+            return
+        done(result, None)
+
+
+def _cancelled_result(req: Request) -> GenerationResult:
+    return GenerationResult(text="", token_ids=[], prompt_ids=req.ids, finish_reason="cancelled", stats=DecodeStats())

@@ -1,0 +1,105 @@
+"""The server's decode thread: requests decode together (swiftk.scheduler.Scheduler: continuous batching, every
+round of every running request in one target pass), with a bounded wait queue, cancellation and shutdown."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ..scheduler import Scheduler
+from .api import APIError
+
+log = logging.getLogger("swiftk.serve")
+
+
+class Cancelled(Exception):
+    """The job was cancelled before or while decoding (client gone, or the server shutting down)."""
+
+
+@dataclass
+class Job:
+    ids: list
+    max_new: int
+    sampling: dict
+    stop: list
+    state: object = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0
+
+
+class DecodeThread:
+    """The engine's one decode thread: a swiftk.scheduler.Scheduler stepped while it has requests, holding the
+    engine for each round; at most ``queue_size`` requests waiting for a slot."""
+
+    def __init__(self, engine, max_batch: int, queue_size: int):
+        self.engine, self.max_batch, self.queue_size = engine, max_batch, queue_size
+        self.sched = Scheduler(engine, max_batch)
+        self._lock = threading.Lock()
+        self._live: set = set()   # cancel events of the waiting and running jobs
+        self._job_s = 1.0         # moving mean of a job's duration, for Retry-After
+        self.closing = False
+        self.served = self.cancelled = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name="swiftk-decode")
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self.sched.waiting
+
+    @property
+    def running(self) -> int:
+        return self.sched.running
+
+    def submit(self, req, job: Job) -> Future:
+        """Queue an engine Request (Engine.request); the future gets its GenerationResult or its error."""
+        fut: Future = Future()
+        with self._lock:
+            if self.closing:
+                raise APIError(503, "the server is shutting down")
+            waiting = self.sched.waiting   # free slots take waiting requests first, the queue the rest
+            if waiting >= self.queue_size + max(0, self.max_batch - self.sched.running):
+                retry = max(1, math.ceil(self._job_s * (waiting + 1) / self.max_batch))
+                raise APIError(429, f"all {self.max_batch} decoding slots are busy and {waiting} requests are waiting "
+                               f"(queue size {self.queue_size}); retry in {retry} s", code="queue_full",
+                               headers={"Retry-After": str(retry)})
+            self._live.add(job.cancel)
+
+        def done(result, error):
+            with self._lock:
+                self._live.discard(job.cancel)
+                self.served += 1
+                self.cancelled += job.cancel.is_set()
+                took = time.perf_counter() - job.t_submit
+                self._job_s = 0.8 * self._job_s + 0.2 * took
+                if result is not None:
+                    job.queue_s = max(0.0, took - result.stats.wall_time_s)
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        self.sched.submit(req, done)
+        return fut
+
+    def _run(self) -> None:
+        while not self.closing:
+            if not self.sched.wait_for_work(0.5):
+                continue
+            try:
+                with self.engine._own():   # the engine's KV caches are the batch's for the round
+                    self.sched.step()
+            except Exception:  # noqa: BLE001 - the scheduler fails requests, not itself; log anything else
+                log.exception("swiftk serve: decode round failed")
+        self.sched.cancel_all(Cancelled())
+
+    def close(self) -> None:
+        """Refuse new jobs; the waiting ones end unrun and the running ones at their next token."""
+        with self._lock:
+            self.closing = True
+            for ev in self._live:
+                ev.set()
+        self.sched.wake()

@@ -1,0 +1,176 @@
+"""Continuous batching: several calls' rounds in one target pass, with outputs identical to each call decoded alone.
+
+The property under test is batch invariance across requests: a row's logits do not depend on the rows of other
+requests in its pass, so every request's tokens equal plain autoregressive decoding of it alone, whatever shares
+its passes, joins or leaves."""
+import copy
+import threading
+
+import pytest
+import torch
+
+import swiftk
+from swiftk.decoding.costs import CostModel, Gate
+from swiftk.errors import SwiftkError
+from swiftk.options import DecodeConfig
+from swiftk.runtime.model import Rows
+from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops.masks import TreeMask
+from swiftk.scheduler import Scheduler
+
+PROMPTS = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "Once upon a time",
+           "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):",
+           "The three primary colours are", "def fib(n):\n    if n < 2:\n        return n\n"]
+LONG = "# a long prompt that prefills in chunks beside the others\n" + "x = [i * i for i in range(10)]\n" * 20
+
+
+@pytest.fixture(scope="module")
+def eng(smollm2_path):
+    return swiftk.load(str(smollm2_path), persist=False)
+
+
+def _ar(eng, prompt, n, **kw):
+    return eng.generate(prompt, max_new_tokens=n, method="autoregressive", **kw).token_ids
+
+
+# ---- the runtime: one pass over several sequences -------------------------------------------------------------
+def _parts(m, caches):
+    """A tree on cache 0, a plain step on cache 1, a prefill chunk (logits of its last row only) on cache 2."""
+    n0, n1, n2 = (c.length for c in caches)
+    anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    depth = torch.tensor([0, 1, 1, 2])
+    return [Rows(torch.tensor([5, 6, 7, 8]), n0 + depth, torch.arange(n0, n0 + 4), caches[0], TreeMask(n0, None, anc)),
+            Rows(torch.tensor([11]), torch.tensor([n1]), torch.tensor([n1]), caches[1]),
+            Rows(torch.arange(1, 71), torch.arange(n2, n2 + 70), torch.arange(n2, n2 + 70), caches[2], None,
+                 torch.tensor([69]))]
+
+
+@pytest.mark.parametrize("weights", [None, "float32"])
+def test_a_batched_pass_equals_each_sequence_alone_bit_for_bit(smollm2_path, weights):
+    """Rows of three sequences (a tree, a plain step, a 70-row prefill chunk; different context lengths) in one pass:
+    each part's logits and KV equal its own pass's, bit for bit."""
+    if not cpu_linear.available():
+        pytest.skip("the batched pass is the fused CPU loop's")
+    e = swiftk.load(str(smollm2_path), persist=False, weights=weights, datastore=False)
+    m, tok = e.model, e.tokenizer
+    caches = [m.new_cache(e.cache.max_slots) for _ in range(3)]
+    for c, p in zip(caches, ["def f(x):", "Once upon a time there was", "import numpy as np\n" * 12]):
+        ids = tok.encode(p)
+        pos = torch.arange(len(ids))
+        m.forward(torch.tensor(ids), pos, pos, c)
+        c.advance(len(ids))
+    twins = [copy.deepcopy(c) for c in caches]
+    alone = [m.forward(p.tokens, p.positions, p.slots, p.cache, attn_mask=p.mask, logits_idx=p.logits_idx)
+             for p in _parts(m, caches)]
+    together = m.forward_batch(_parts(m, twins))
+    for a, b in zip(alone, together):
+        assert a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert all(torch.equal(a.data, b.data) for a, b in zip(caches, twins))
+
+
+def test_forward_batch_refuses_two_parts_on_one_cache(eng):
+    c = eng.cache
+    r = Rows(torch.tensor([1]), torch.tensor([0]), torch.tensor([0]), c)
+    with pytest.raises(SwiftkError, match="cache of its own"):
+        eng.model.forward_batch([r, r])
+
+
+# ---- calls decoded together -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["swift", "autoregressive", "ngram"])
+def test_generate_many_equals_each_call_alone(eng, method):
+    """Six prompts (one of them prefilled in chunks beside the others), three slots: calls join as others finish,
+    and every call's tokens equal autoregressive decoding alone."""
+    prompts = PROMPTS + [LONG]
+    want = [_ar(eng, p, 40) for p in prompts]
+    got = eng.generate_many(prompts, max_new_tokens=40, max_batch=3, method=method)
+    assert [r.token_ids for r in got] == want
+    assert all(r.finish_reason in ("length", "eos") for r in got)
+    assert got[0].stats.method == method and got[0].stats.new_tokens == len(want[0])
+
+
+def test_seeded_sampling_in_a_batch_equals_alone(eng):
+    got = eng.generate_many(PROMPTS[:4], max_new_tokens=32, max_batch=4, temperature=0.9, top_p=0.95, seed=7)
+    assert [r.token_ids for r in got] == [_ar(eng, p, 32, temperature=0.9, top_p=0.95, seed=7) for p in PROMPTS[:4]]
+
+
+def test_stops_and_lengths_leave_the_batch_mid_way(eng):
+    """Requests with their own lengths and stop strings, submitted to one scheduler: each ends where it would alone
+    and the rest go on."""
+    lens = [5, 40, 17, 33, 1, 26]
+    reqs = [eng.request(p, max_new_tokens=n, stop=["\n\n"] if i % 2 else ()) for i, (p, n) in
+            enumerate(zip(PROMPTS, lens))]
+    want = [eng.generate(p, max_new_tokens=n, method="autoregressive", stop=["\n\n"] if i % 2 else ())
+            for i, (p, n) in enumerate(zip(PROMPTS, lens))]
+    got: dict = {}
+    with eng._own():
+        s = Scheduler(eng, 4)
+        for i, r in enumerate(reqs):
+            s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))
+        s.run_until_idle()
+    for i, w in enumerate(want):
+        res, err = got[i]
+        assert err is None and (res.token_ids, res.text, res.finish_reason) == (w.token_ids, w.text, w.finish_reason)
+
+
+def test_a_failing_or_cancelled_call_leaves_the_others_unchanged(eng):
+    """One request's proposer raises on its fifth round, another is cancelled after a few tokens: they end (with the
+    error, or finish_reason "cancelled") and the others' tokens are those they get alone."""
+    class Breaks:
+        calls = 0
+
+        def propose(self, tokens):
+            self.calls += 1
+            if self.calls == 5:
+                raise RuntimeError("proposer broke")
+            return []
+
+    cancel = threading.Event()
+    seen = []
+
+    def cb(piece):
+        seen.append(piece)
+        if len(seen) == 3:
+            cancel.set()
+
+    reqs = [eng.request(PROMPTS[0], max_new_tokens=30, proposers=[Breaks()]),
+            eng.request(PROMPTS[1], max_new_tokens=30, callback=cb, _cancel=cancel),
+            eng.request(PROMPTS[2], max_new_tokens=30), eng.request(PROMPTS[3], max_new_tokens=30)]
+    got: dict = {}
+    with eng._own():
+        s = Scheduler(eng, 4)
+        for i, r in enumerate(reqs):
+            s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))
+        s.run_until_idle()
+    assert isinstance(got[0][1], SwiftkError) and "proposer broke" in str(got[0][1]) and got[0][0] is None
+    assert got[1][0].finish_reason == "cancelled" and len(got[1][0].token_ids) < 30
+    assert [got[i][0].token_ids for i in (2, 3)] == [_ar(eng, PROMPTS[i], 30) for i in (2, 3)]
+
+
+def test_generate_many_checks_every_prompt_first(eng):
+    with pytest.raises(SwiftkError, match="max_new_tokens"):
+        eng.generate_many(PROMPTS[:2] + [""], max_new_tokens=0)
+    with pytest.raises(SwiftkError, match="prompt is empty"):
+        eng.generate_many(PROMPTS[:2] + [""], max_new_tokens=4)
+    for bad in (0, 65, True, 2.0):
+        with pytest.raises(SwiftkError, match="max_batch"):
+            eng.generate_many(PROMPTS[:2], max_batch=bad)
+    with pytest.raises(SwiftkError, match="list of prompts"):
+        eng.generate_many("one prompt")
+    with pytest.raises(SwiftkError, match="callback"):
+        eng.generate_many(PROMPTS[:2], callback=print)
+
+
+# ---- pricing a draft row at the pass size at hand -------------------------------------------------------------
+def test_a_node_that_pays_alone_may_not_pay_in_a_full_pass(eng):
+    """The gate keeps the nodes that raise the pass's tokens per second. Each row costs 0.2 of a step: alone, a node
+    of value 0.45 pays (1.84 tokens a step with it, 1.79 without); beside 4 other calls' rows expected to yield 4
+    tokens it does not (2.90 against 2.95), and with 8 even the first node is within the gate's margin."""
+    costs = CostModel(eng.model)
+    costs.step, costs.slope, costs.pairs = 0.01, 0.2, False
+    gate = Gate(costs, eng.new_state().gate, DecodeConfig().validate())
+    values = [0.9, 0.6, 0.45]
+    sizes = []
+    for batch in ((0, 0.0), (4, 4.0), (8, 8.0)):
+        gate.batch = batch
+        sizes.append(gate.tree_size(0.0, values))
+    assert sizes == [3, 2, 0]
