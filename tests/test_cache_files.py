@@ -48,7 +48,7 @@ def _other_library() -> bytes:
 def test_damaged_kernel_library_is_rebuilt(built, tmp_path, damage):
     home = tmp_path / "home"
     shutil.copytree(built, home, symlinks=True)
-    (lib,) = (home / "build").glob("cpu_linear-*.so")
+    (lib,) = (home / "build").glob("swiftk_cpu-*.so")
     data = lib.read_bytes()
     if damage == "truncated":
         lib.write_bytes(data[: len(data) // 3])

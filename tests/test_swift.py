@@ -53,9 +53,11 @@ def test_greedy_stream_identical_to_autoregressive(eng):
     # opt_budget=1: optimize on every round, so every phase occurs within the stream; both gate rules alternate.
     # max_matchness=1: the search ends by its step count or patience, not by a lucky window (text the history
     # drafts well is text a skip set drafts well too), so the background GP has time to answer; give_up=80: not
-    # by the rule for searches whose sets never pay either (on CPU they may not)
+    # by the rule for searches whose sets never pay either (on CPU they may not); objective=matchness: the search's
+    # share of time is opt_budget whatever the machine's costs (the speed objective shrinks it where no set can pay,
+    # so on a slow AVX2 host the search never finished within the stream)
     eng.reset_optimizer(context_window=32, bayes_interval=10, max_opt_steps=80, patience=40, bo_mode="thread",
-                        opt_budget=1.0, call_budget=1.0, max_matchness=1.0, give_up=80)
+                        opt_budget=1.0, call_budget=1.0, max_matchness=1.0, give_up=80, objective="matchness")
     phases = set()
     accepted = []
     for i, p in enumerate(prompts):

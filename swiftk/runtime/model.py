@@ -298,8 +298,6 @@ class Model(FusedCPULayers):
         H, KV, hd, n_layers = c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers
         if not 0 <= start <= stop <= n_layers:
             raise SwiftkError(f"bad partial pass: layers [{start}, {stop}) of {n_layers}")
-        attend = self._attention(T, slots, cache, attn_mask)
-        rope = ops.rope_plan(positions, self.inv_freq)
         flags = self.skip_flags(skip)
         end = stop
         if stop == n_layers:
@@ -312,6 +310,8 @@ class Model(FusedCPULayers):
                 return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
             if attn_mask is None and bool((slots[1:] > slots[:-1]).all()):   # a causal prefill, in order
                 return self._layers_fused_chunks(h, start, end, stop, positions, slots, cache, flags, capture)
+        attend = self._attention(T, slots, cache, attn_mask)   # the op-by-op path's (the fused loop does its own)
+        rope = ops.rope_plan(positions, self.inv_freq)
         captured = h.clone() if capture == start else None
         x = None   # h normed with the weight of the next sublayer, when the fused add+norm already produced it
         for li in range(start, end):

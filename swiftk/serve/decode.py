@@ -37,6 +37,8 @@ class DecodeThread:
 
     def __init__(self, engine, max_batch: int, queue_size: int):
         self.engine, self.max_batch, self.queue_size = engine, max_batch, queue_size
+        for i in range(max_batch):   # every slot's KV cache now: a server's memory is set at start, never mid-request
+            engine.slot(i)
         self.sched = Scheduler(engine, max_batch)
         self._lock = threading.Lock()
         self._live: set = set()   # cancel events of the waiting and running jobs
