@@ -23,7 +23,7 @@ Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
 class Scheduler:
     def __init__(self, engine, max_batch: int):
         self.engine, self.max_batch = engine, max_batch
-        self.batch = Batch(engine.model, engine.costs)
+        self.batch = Batch(engine.model)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._waiting: deque = deque()     # (request, done), arrival order

@@ -6,15 +6,19 @@ Each row's logits are the bits the call would get decoding alone (the CPU kernel
 a call's tokens do not depend on what shares its passes.
 
 Pricing: a draft row costs its share of a pass that also carries the other calls' rows. Before a call plans, its
-gate learns the rows already in the pass and the tokens they are expected to yield (``Gate.batch``); it keeps the
-nodes that raise the pass's tokens per second. The first call to plan rotates, so none always plans against an
-empty pass. Prefills ride along in chunks, so a new prompt does not stall the others for its whole length.
+gate learns the rows already in the pass, the tokens they are expected to yield and what a pass of T rows costs
+here (``Gate.batch``: a least-squares line through the batch's own passes, seconds against rows); it keeps the
+nodes that raise the pass's tokens per second. Where rows are compute-bound (int8 products on AVX2: ~0.4 of a step
+each) that is almost never. The first call to plan rotates, so none always plans against an empty pass. Model
+drafters rest while calls share passes (their draft passes are their own). Prefills ride along in chunks, so a
+new prompt does not stall the others for its whole length.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, Optional
 
+from .costs import LinearFit
 from .loop import Decoder, Pass
 
 # Prompt rows per pass while other calls decode (a prompt of 512 tokens joins over ~8 rounds), and while none does.
@@ -25,11 +29,12 @@ PREFILL_ROWS_ALONE = 256
 class Batch:
     """The calls decoding together (their Decoders), on one model."""
 
-    def __init__(self, model, costs):
-        self.model, self.costs = model, costs
+    def __init__(self, model):
+        self.model = model
         self.calls: list = []     # Decoders, in arrival order
         self._first = 0           # which call plans first this round (rotates)
         self.passes = 0
+        self.fit = LinearFit(0.95)   # seconds of the batch's decode passes (no prompt rows) against their rows
 
     def add(self, d: Decoder) -> None:
         self.calls.append(d)
@@ -49,6 +54,8 @@ class Batch:
         decoding = [d for d in order if not d.s.prefilling]
         prefilling = [d for d in order if d.s.prefilling]
         budget = PREFILL_ROWS_BESIDE if decoding else PREFILL_ROWS_ALONE
+        ab = self.fit.fit()
+        price = (lambda T: ab[0] + ab[1] * T) if ab is not None else None
         plans: list = []   # (decoder, Pass)
         rows, tokens = 0, 0.0   # in the pass so far: rows, and the tokens they are expected to yield
         for d in prefilling:
@@ -59,11 +66,12 @@ class Batch:
                 plans.append((d, p))
                 budget -= p.rows.tokens.shape[0]
                 rows += p.rows.tokens.shape[0]
+        alone = len(calls) == 1
         for i, d in enumerate(decoding):
             left = len(decoding) - i - 1   # calls still to plan: one row and one token each at least
-            d.s.gate.batch = (rows + left, tokens + left)
-            p = self._plan(d, failed)
-            d.s.gate.batch = (0, 0.0)
+            d.s.gate.batch = (rows + left, tokens + left, None if alone else price)
+            p = self._plan(d, failed, alone=alone)
+            d.s.gate.batch = (0, 0.0, None)
             if p is not None:
                 plans.append((d, p))
                 rows += p.rows.tokens.shape[0]
@@ -84,8 +92,10 @@ class Batch:
         dt = time.perf_counter() - t
         self.passes += 1
         total = sum(p.rows.tokens.shape[0] for _, p in shared)
-        if len(shared) > 1:   # a pass of one call is that call's own, timed by its finish
-            self.costs.observe_verify(total, dt)
+        # a pass of one call is that call's own, timed by its finish; prompt chunks are priced apart (long passes
+        # run at another rate per row)
+        if len(shared) > 1 and all(p.kind != "prefill" for _, p in shared):
+            self.fit.add(total, dt)
         for (d, p), logits in zip(shared, out):
             d.s.stats.shared_passes += len(shared) > 1
             try:
@@ -93,9 +103,9 @@ class Batch:
             except Exception as e:  # noqa: BLE001
                 failed(d, e)
 
-    def _plan(self, d: Decoder, failed, limit: int = 0) -> Optional[Pass]:
+    def _plan(self, d: Decoder, failed, limit: int = 0, alone: bool = True) -> Optional[Pass]:
         try:
-            return d.plan(limit)
+            return d.plan(limit, alone)
         except Exception as e:  # noqa: BLE001 - a source or callback that raises fails its own call
             failed(d, e)
             return None

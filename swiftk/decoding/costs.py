@@ -24,6 +24,10 @@ from .tree import node_values
 _EMA = 0.2
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 _MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree_size)
+# ... beside other calls' rows: there a row's share of a pass is larger, and where passes are compute-bound (AVX2
+# int8) a draft row only breaks even when accepted, while the free estimates ran ~10% above what was accepted
+# (decoding/batch.py; docs/performance.md, "Batching")
+_BATCH_MARGIN = 0.15
 # Observations (steps and verify passes) after which a verify estimate above the prior has moved halfway back to
 # it. A pessimistic estimate is self-sealing -- the gate stops choosing that size, so nothing corrects it; an
 # optimistic one is corrected by the passes it invites.
@@ -239,7 +243,9 @@ class Gate:
         self.probing = False    # the tree being verified is such a probe
         self._free_est = None   # the free tree's estimated rate this round (model_draft_pays), for free_measured
         self.model_since, self.model_gap = 0, 4      # model drafts declined beside free chains, and the probe gap
-        self.batch = (0, 0.0)   # other calls' rows in this round's pass, and their expected tokens (decoding/batch.py)
+        # other calls' rows in this round's pass, the tokens they are expected to yield, and the seconds of a pass of
+        # T rows there (None: the cost model's v); decoding/batch.py sets it
+        self.batch = (0, 0.0, None)
 
     def should_draft(self) -> bool:
         m = self.memory
@@ -331,18 +337,44 @@ class Gate:
         Beside other calls' rows (``batch``) a node pays where it raises the whole pass's tokens per second."""
         if not self.auto:
             return len(values)
-        c = self.costs
-        rows, others = self.batch
-        plain = (others + 1.0) / (sunk_s + c.v(rows + 1))
+        rows, others, price = self.batch
+        v = price or self.costs.v
+        plain = (others + 1.0) / (sunk_s + v(rows + 1))
         best_n, best, tokens = 0, plain, others + 1.0
         floor = self.value_floor
         for n, val in enumerate(values, 1):
             if val < floor:   # sorted: no later node pays either
                 break
             tokens += val
-            r = tokens / (sunk_s + c.v(rows + n + 1))
+            r = tokens / (sunk_s + v(rows + n + 1))
             if r > best:
                 best_n, best = n, r
         # a predicted gain within the cost model's error (noisy timings, host work per round it does not price)
         # is not worth a verify pass: the loop must never be slower than plain decoding
-        return best_n if best >= plain * (1.0 + _MARGIN) else 0
+        return best_n if best >= plain * (1.0 + (_BATCH_MARGIN if rows else _MARGIN)) else 0
+
+
+class LinearFit:
+    """y = a + b x, fitted online by least squares with older points forgotten geometrically (``decay`` per point):
+    a pass's seconds against its rows (decoding/batch.py), vLLM's step against its tokens (integrations/batch.py)."""
+
+    def __init__(self, decay: float = 0.98, min_points: int = 16):
+        self.decay, self.min_points = decay, min_points
+        self.w = self.t = self.y = self.tt = self.ty = 0.0   # weighted sums: 1, x, y, x^2, x y
+        self.n = 0
+
+    def add(self, x: float, y: float) -> None:
+        g = self.decay
+        self.w, self.t, self.y = g * self.w + 1, g * self.t + x, g * self.y + y
+        self.tt, self.ty = g * self.tt + x * x, g * self.ty + x * y
+        self.n += 1
+
+    def fit(self) -> Optional[tuple]:
+        """(a, b), or None while there is too little to go on (few points, no spread in x, b <= 0)."""
+        var = self.w * self.tt - self.t * self.t
+        if self.n < self.min_points or var <= 1e-9 * max(self.w * self.tt, 1e-30):
+            return None
+        b = (self.w * self.ty - self.t * self.y) / var
+        a = (self.y - b * self.t) / self.w
+        return (a, b) if b > 0 and a + b * self.t / self.w > 0 else None
+

@@ -54,15 +54,16 @@ class Decoder:
     def done(self) -> bool:
         return self.s.done
 
-    def plan(self, prefill_limit: int = 0) -> Pass:
+    def plan(self, prefill_limit: int = 0, alone: bool = True) -> Pass:
         """Everything of the next round before its target pass. While the prompt is not all in the cache: its
-        next chunk (``prefill_limit`` rows at most, 0: the rest)."""
+        next chunk (``prefill_limit`` rows at most, 0: the rest). Not ``alone`` (other calls share the pass): no
+        model drafter runs, as its draft and search passes, its own, would hold up every call of the batch."""
         s = self.s
         if s.prefilling:
             return Pass("prefill", s.prefill_rows(prefill_limit))
         drafter, gate = self.drafter, s.gate
         t = s.begin_round()
-        active = None if drafter is None or drafter.resting(gate, s.model.device) else drafter
+        active = None if drafter is None or not alone or drafter.resting(gate, s.model.device) else drafter
         dc = s.draft_context() if active is not None else None   # the round's view, for the search and the draft
         phase, found = active.optimize(dc) if active is not None else ("accelerate", None)
         if found is not None:

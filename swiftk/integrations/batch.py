@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Optional
 
+from ..decoding.costs import LinearFit
 from ..errors import SwiftkError
 from ..proposers.base import Context
 from ..proposers.context import ContextNgrams
@@ -80,7 +81,7 @@ class _Request:
 PRIOR_FLOOR = 0.1   # before the step times say otherwise: a verified token costs a tenth of what a step yields
 
 
-class StepCosts:
+class StepCosts(LinearFit):
     """vLLM's step time against the tokens it verified, fitted online: dt = a + b * T (least squares, forgetting
     old steps), from the time between two propose calls of steps in which no request came or left. One more
     draft token costs b; it pays when its chance of being accepted beats b times the tokens a step emits over the
@@ -90,27 +91,15 @@ class StepCosts:
     stays the prior."""
 
     def __init__(self, decay: float = 0.98, min_steps: int = 16):
-        self.decay, self.min_steps = decay, min_steps
-        self.w = self.t = self.y = self.tt = self.ty = self.emitted = self.rows = 0.0
-        self.n = 0
+        super().__init__(decay, min_steps)
+        self.emitted = self.rows = 0.0
 
     def observe(self, tokens: int, emitted: int, dt: float, rows: int = 1) -> None:
         if not (0 < dt < 60) or tokens < 1 or rows < 1:
             return
         g = self.decay
-        self.w, self.t, self.y = g * self.w + 1, g * self.t + tokens, g * self.y + dt
-        self.tt, self.ty = g * self.tt + tokens * tokens, g * self.ty + tokens * dt
         self.emitted, self.rows = g * self.emitted + emitted, g * self.rows + rows
-        self.n += 1
-
-    def fit(self) -> Optional[tuple]:
-        """(a, b) of dt = a + b T, or None while there is too little to go on."""
-        var = self.w * self.tt - self.t * self.t
-        if self.n < self.min_steps or var <= 1e-9 * max(self.w * self.tt, 1e-30):
-            return None
-        b = (self.w * self.ty - self.t * self.y) / var
-        a = (self.y - b * self.t) / self.w
-        return (a, b) if b > 0 and a + b * self.t / self.w > 0 else None
+        self.add(tokens, dt)
 
     def floor(self, rows: Optional[int] = None) -> float:
         """The floor for a step of ``rows`` requests (None: the mean batch of the timed steps)."""

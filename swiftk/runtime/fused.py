@@ -108,17 +108,12 @@ class FusedCPULayers:
         for n, (s, v) in zip(sizes, visible):
             vis[r:r + n, :s] = v
             r += n
-        if not bool(vis.any(dim=1).all()):
-            raise SwiftkError("every token must attend to at least one slot")
-        slots64 = torch.cat([p.slots for p in parts]).to(torch.int64).contiguous()
-        for p in parts:
-            if p.slots.numel() and (int(p.slots.min()) < 0 or int(p.slots.max()) >= p.cache.max_slots):
-                raise SwiftkError(f"slots must lie in [0, {p.cache.max_slots})")
+        slots64 = torch.cat([p.slots for p in parts]).to(torch.int64).contiguous()   # range and visibility: C checks
         cos, sin = self._rope_rows(torch.cat([p.positions for p in parts]))
         table, wtypes = self._fused_table(caches[0])
-        kv_col = cpu_linear.layer_table_width() - 1   # P_KV, the last address of a layer's row
+        kv_col = table.shape[1] - 1   # P_KV, the last address of a layer's row
         kvs = torch.stack([self._fused_table(x)[0][:, kv_col] for x in caches]).contiguous()
-        row_cache = torch.repeat_interleave(torch.arange(len(parts)), torch.tensor(sizes)).contiguous()
+        row_cache = torch.tensor([i for i, n in enumerate(sizes) for _ in range(n)], dtype=torch.int64)
         fl = self._fused_flags(self._no_skip)
         h = self.embed_rows(torch.cat([p.tokens for p in parts])).contiguous().clone()
         native.sync_threads()
@@ -128,7 +123,8 @@ class FusedCPULayers:
                 slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.contiguous().data_ptr(), S, h.data_ptr(),
                 torch.get_num_threads(), len(parts), kvs.data_ptr(), row_cache.data_ptr()) != 0:
             raise SwiftkError(f"cpu decode kernel failed a batched pass of {T} tokens over {S} slots (its arguments "
-                              "were rejected or its buffers could not be allocated)")
+                              "were rejected: a slot out of range, a row that sees none; or its buffers could not be "
+                              "allocated)")
         idx, counts, r = [], [], 0
         for n, p in zip(sizes, parts):
             want = torch.arange(n) if p.logits_idx is None else p.logits_idx.to(torch.int64)
