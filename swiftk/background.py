@@ -4,12 +4,15 @@ interpreter's.
 They are daemon threads, so a script never waits for them to exit; but a daemon thread still inside native code
 (scipy, sklearn, the tokenizer) when Python finalizes is unwound by force when it returns, and a C++ frame on its
 stack then aborts the process ("terminate called without an active exception"). So at exit (atexit runs before
-finalization) every live one is asked to stop -- long jobs call :func:`check` between pieces of work -- and joined.
+finalization) every live one is asked to stop -- long jobs call :func:`check` between pieces of work -- and joined;
+a wait past a quarter second says so on stderr, and Ctrl-C during it ends the process at once with one line and
+status 130 (skipping finalization, so the abort cannot happen either).
 """
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from typing import Callable
@@ -70,14 +73,32 @@ def _stopped():
     raise Stopped("the interpreter is exiting")
 
 
+SAY_AFTER_S = 0.25   # a wait at exit longer than this is announced
+
+
 @atexit.register
 def _finish() -> None:
     _stop.set()
     with _live_lock:
         threads = list(_live)
-    deadline = time.monotonic() + JOIN_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    if not threads:
+        return
+    try:
+        deadline, said = time.monotonic() + JOIN_S, False
+        for t in threads:
+            t.join(min(SAY_AFTER_S, max(0.0, deadline - time.monotonic())))
+            if t.is_alive() and not said:
+                said = True
+                names = ", ".join(sorted({x.name for x in threads if x.is_alive()}))
+                print(f"swiftk: stopping background work before exit ({names}); Ctrl-C skips it", file=sys.stderr,
+                      flush=True)
+            t.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        try:
+            print("swiftk: interrupted", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+        finally:
+            os._exit(130)
 
 
 def _after_fork_in_child() -> None:

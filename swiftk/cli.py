@@ -302,12 +302,12 @@ def _build_corpus(path) -> None:
     except SwiftkError as e:   # the download itself is done and verified; loading it will say what is wrong
         print(f"swiftk: corpus tables not built: {e}", file=sys.stderr)
         return
-    fp = corpus_fingerprint(tok, {})
-    if cached_stdlib_datastore(fp) is None:
+    fp, vocab = corpus_fingerprint(tok, {}), int(tok.vocab_size)
+    if cached_stdlib_datastore(fp, vocab) is None:
         print("swiftk: building the corpus n-gram tables (Python stdlib) for this tokenizer ...", file=sys.stderr,
               flush=True)
         t = time.perf_counter()
-        stdlib_datastore(tok, fp)
+        stdlib_datastore(tok, fp, vocab)
         print(f"swiftk: corpus tables built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
 

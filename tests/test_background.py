@@ -78,3 +78,30 @@ def test_a_job_started_during_exit_only_stops():
     """)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["STOPPED", "LIVE", "0"], p.stdout
+
+
+def test_a_wait_at_exit_is_announced_and_ctrl_c_ends_it_with_one_line_and_130():
+    """A job still in a long piece of work when the script ends: the exit says it waits for it (one line), and
+    Ctrl-C during that wait ends the process at once with "swiftk: interrupted" and status 130 -- no traceback of
+    the atexit handler, no status 0."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import time
+        from swiftk.background import Background, check
+        def job():
+            while True:
+                check()
+                time.sleep(30)   # a long piece of work between two checks
+        Background(job, name="swiftk-corpus")
+        print("ANSWER", flush=True)
+    """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ANSWER"
+    line = p.stderr.readline()   # blocks until the exit announces its wait
+    assert "stopping background work before exit (swiftk-corpus)" in line, line
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(30) == 130 and time.monotonic() - t < 10
+    assert rest.strip() == "swiftk: interrupted", rest

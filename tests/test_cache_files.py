@@ -164,3 +164,51 @@ def test_force_pull_keeps_the_good_copy_until_the_new_one_is_verified(tmp_path, 
         registry.pull("fake-force", progress=False, force=True)
     assert good.read_bytes() == blob and registry.pull("fake-force", progress=False) == good
     assert sorted(p.name for p in good.parent.iterdir() if not p.name.startswith("ff.gguf")) == []
+
+
+def test_a_killed_build_leaves_no_compiler_running_and_a_later_load_sweeps_its_leftovers(tmp_path):
+    """SIGTERM to a process while its kernel build runs: the compiler dies with it (it is not left finishing a
+    library nobody waits for), and a half-built library whose writer is dead is removed by the next load."""
+    import signal
+    import time
+
+    from swiftk.runtime.ops import native
+
+    # a compiler that takes long and writes its output at the end, reporting its pid
+    cxx = tmp_path / "slow-cxx"
+    cxx.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo slow 1; exit 0; }\n"
+                   f"echo $$ > {tmp_path}/cxx.pid\nsleep 30\n"
+                   "while [ $# -gt 1 ]; do [ \"$1\" = -o ] && out=$2; shift; done\necho x > \"$out\"\n")
+    cxx.chmod(0o755)
+    home = tmp_path / "home"
+    env = {**os.environ, "SWIFTK_HOME": str(home), "CXX": str(cxx)}
+    env.pop("SWIFTK_CPU_KERNELS", None)
+    p = subprocess.Popen([sys.executable, "-c", "from swiftk.runtime.ops import native; native.library()"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pidfile = tmp_path / "cxx.pid"
+    deadline = time.monotonic() + 60   # a hang guard
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    p.wait(30)
+    cpid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{cpid}").exists() and "zombie" not in Path(f"/proc/{cpid}/status").read_text():
+        assert time.monotonic() < deadline, "the compiler outlived the process that started it"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert not [f.name for f in (home / "build").glob(".*.so")]
+    # a leftover of a dead writer (as a SIGKILL during the link leaves) and one of a live writer
+    dead = home / "build" / f".swiftk_cpu-0123456789abcdef.{_dead_pid()}.1.so"
+    live = home / "build" / f".swiftk_cpu-0123456789abcdef.{os.getppid()}.1.so"
+    dead.write_bytes(b"half")
+    live.write_bytes(b"half")
+    native.sweep(home / "build")
+    assert not dead.exists() and live.exists()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid

@@ -105,12 +105,13 @@ def test_file_round_trip_and_corrupt_files(tmp_path, monkeypatch):
     import swiftk.proposers.datastore as dsm
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
-    a = dsm.stdlib_datastore(None, "fp", max_tokens=9)
+    a = dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)
     (f,) = (tmp_path / "home" / "datastore").iterdir()
     f.write_bytes(b"garbage")
-    b = dsm.stdlib_datastore(None, "fp", max_tokens=9)
+    with pytest.warns(UserWarning, match=f"rebuilding the corpus table {f}"):
+        b = dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)
     assert a.lookup([5, 6]) == b.lookup([5, 6]) == (7, 2, 2 / 3)
-    assert Datastore.load(f).lookup([5, 6]) == (7, 2, 2 / 3)
+    assert Datastore.load(f, "fp", 100).lookup([5, 6]) == (7, 2, 2 / 3)
 
 
 def test_tree_with_context_and_corpus_chains_shares_their_common_prefix():
@@ -171,8 +172,8 @@ def test_a_corpus_the_tokenizer_cannot_serve_leaves_decoding_without_it(tiny_dir
     generate to fail)."""
     import swiftk.proposers.datastore as dsm
 
-    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp: None)
-    monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp: Datastore.build([5, 999, 5, 999, 5]))
+    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp, vocab: None)
+    monkeypatch.setattr(dsm, "stdlib_datastore", lambda tok, fp, vocab: Datastore.build([5, 999, 5, 999, 5]))
     eng = swiftk.load(str(tiny_dir), persist=False)
     ref = eng.generate("w3 w9 w1", max_new_tokens=12, method="autoregressive").token_ids
     with pytest.warns(UserWarning, match="corpus n-grams unavailable"):
@@ -191,14 +192,67 @@ def test_no_call_waits_for_the_corpus_tables(tiny_dir, monkeypatch):
 
     release = threading.Event()
 
-    def slow(tok, fp):
+    def slow(tok, fp, vocab):
         release.wait(30)
         return Datastore.build([3, 4, 5] * 4)
 
-    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp: None)
+    monkeypatch.setattr(dsm, "cached_stdlib_datastore", lambda fp, vocab: None)
     monkeypatch.setattr(dsm, "stdlib_datastore", slow)
     eng = swiftk.load(str(tiny_dir), persist=False)
     out = eng.generate("w3 w9 w1", max_new_tokens=4, method="ngram", speculate="always")   # returns: no wait
     assert out.stats.accepted_by_source["datastore"] == 0 and eng.corpus().max_token() == -1
     release.set()
     assert eng.corpus(wait=True).max_token() == 5
+
+
+@pytest.mark.parametrize("damage", ["id-past-vocab", "key-past-vocab", "empty", "other-tokenizer"])
+def test_a_cached_table_that_disagrees_with_the_model_is_rebuilt_naming_it(tmp_path, monkeypatch, damage):
+    """Tables that pass the format check but not the model that reads them (a proposed or key id >= its vocabulary,
+    all arrays empty, another tokenizer's): one warning naming the file, from the caller's thread, then the tables
+    are rebuilt and drafting from them is on, at this load and the next."""
+    import warnings
+
+    import swiftk.proposers.datastore as dsm
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
+    good = dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)
+    (f,) = (tmp_path / "datastore").iterdir()
+    t = {n: list(a) for n, a in good.tables.items()}
+    if damage == "id-past-vocab":
+        t[2][1] = t[2][1].copy()
+        t[2][1][0] = 105
+    elif damage == "key-past-vocab":
+        t[1][0] = t[1][0].copy()
+        t[1][0][-1] = 104
+    elif damage == "empty":
+        t = {n: [a[:0] for a in arrs] for n, arrs in t.items()}
+    Datastore({n: tuple(a) for n, a in t.items()}).save(f, "another" if damage == "other-tokenizer" else "fp")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert dsm.cached_stdlib_datastore("fp", 100, max_tokens=9) is None   # rejected, removed
+        again = dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)            # rebuilt, no second warning
+    msgs = [str(w.message) for w in seen]
+    assert len(msgs) == 1 and f"rebuilding the corpus table {f}" in msgs[0], msgs
+    assert again.lookup([5, 6]) == (7, 2, 2 / 3)
+    assert dsm.cached_stdlib_datastore("fp", 100, max_tokens=9).lookup([5, 6]) == (7, 2, 2 / 3)
+
+
+def test_a_truncated_table_warns_once_and_closes_its_file(tmp_path, monkeypatch):
+    import warnings
+
+    import swiftk.proposers.datastore as dsm
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
+    monkeypatch.setattr(dsm, "stdlib_ids", lambda tok, n: [5, 6, 7, 5, 6, 8, 5, 6, 7])
+    dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)
+    (f,) = (tmp_path / "datastore").iterdir()
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dsm.stdlib_datastore(None, "fp", 100, max_tokens=9)
+        import gc
+        gc.collect()
+    kinds = [(w.category.__name__, str(w.message)[:60]) for w in seen]
+    assert [k for k, _ in kinds] == ["UserWarning"], kinds   # no ResourceWarning: the file was closed
+

@@ -137,7 +137,7 @@ for name, code in CASES:
     LOG.write(json.dumps({"name": name, "cls": res[0], "detail": str(res[1])[:500], "s": round(time.time() - t0, 2)}) + "\n")
 '''
 
-LEFTOVER_PATTERNS = (".partial-", ".wheels-", ".tmp", ".cpu_linear-", ".partial")
+LEFTOVER_PATTERNS = (".partial-", ".wheels-", ".tmp", ".cpu_linear-", ".cpu_quant-", ".swiftk_cpu-", ".partial")
 
 
 # ------------------------------------------------------------------------------------------------ homes

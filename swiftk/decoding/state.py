@@ -174,5 +174,5 @@ def load_persisted(path, identity: dict, n_layers: int, cfg, costs) -> Optional[
             costs.load_dict(saved)
         return st
     except (SwiftkError, ValueError, TypeError, ArithmeticError, AttributeError, OSError) as e:
-        warn(f"swiftk: ignoring the saved decoding state ({e}); starting fresh")
+        warn(f"swiftk: ignoring the saved decoding state {path} ({e}); starting fresh")
         return None

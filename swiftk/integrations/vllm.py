@@ -152,8 +152,8 @@ class SwiftkProposer:
             log.warning("swiftk: corpus n-grams off: %r is not a local directory with tokenizer.json", path)
             return
         ident = {"fingerprint": tok.fingerprint()}
-        ds = cached_stdlib_datastore(corpus_fingerprint(tok, ident))
-        if ds is not None and ds.max_token() < vocab:
+        ds = cached_stdlib_datastore(corpus_fingerprint(tok, ident), vocab)
+        if ds is not None:
             self.drafter.set_corpus(ds)
             return
 

@@ -37,7 +37,7 @@ from .stdlib import stdlib_docs
 MAX_N = 3
 MIN_COUNT = 2
 BITS = 21
-FORMAT = 1
+FORMAT = 2   # 2: the tables carry their tokenizer's fingerprint
 DEFAULT_MAX_TOKENS = 3_000_000
 CONF_BINS = (0.25, 0.5, 0.75)   # share of the key's occurrences followed by the proposed token -> bin 0..3
 
@@ -101,6 +101,15 @@ class Datastore:
         """The largest token id the tables can propose (-1 when empty)."""
         return max((int(t[1].max()) for t in self.tables.values() if len(t[1])), default=-1)
 
+    def max_id(self) -> int:
+        """The largest token id anywhere in the tables: proposed, or in a key (-1 when empty)."""
+        out = self.max_token()
+        for n, (keys, *_rest) in self.tables.items():
+            if len(keys):
+                mask = (1 << BITS) - 1
+                out = max(out, *(int(((keys >> (BITS * j)) & mask).max()) for j in range(n)))
+        return out
+
     def __len__(self) -> int:
         return sum(len(t[0]) for t in self.tables.values())
 
@@ -154,24 +163,33 @@ class Datastore:
         return toks, buckets
 
     # ---- persistence
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, fingerprint: str = "") -> None:
         arrays = {f"{name}{n}": a for n, t in self.tables.items() for name, a in zip(("keys", "tok", "cnt", "tot"), t)}
         arrays["format"] = np.array([FORMAT, MAX_N, BITS], dtype=np.int64)
+        arrays["fingerprint"] = np.frombuffer(fingerprint.encode(), dtype=np.uint8)
 
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         write_atomic(path, buf.getvalue())
 
     @classmethod
-    def load(cls, path: Path) -> "Datastore":
+    def load(cls, path: Path, fingerprint: Optional[str] = None, vocab_size: Optional[int] = None) -> "Datastore":
+        """The tables in ``path``, checked: the format, every invariant the lookup relies on, and (when given) the
+        tokenizer they were built with and the vocabulary of the model that reads them. SwiftkError names what is
+        wrong."""
         try:
-            with np.load(regular_file(path, "corpus table"), allow_pickle=False) as z:
+            with open(regular_file(path, "corpus table"), "rb") as f, np.load(f, allow_pickle=False) as z:
                 if [int(x) for x in z["format"]] != [FORMAT, MAX_N, BITS]:
                     raise SwiftkError(f"datastore {path}: unknown format")
                 tables = {n: tuple(np.asarray(z[f"{name}{n}"], dtype=np.int64) for name in ("keys", "tok", "cnt", "tot"))
                           for n in range(1, MAX_N + 1)}
+                made_for = bytes(np.asarray(z["fingerprint"], dtype=np.uint8)).decode(errors="replace")
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise SwiftkError(f"datastore {path}: not a corpus table swiftk wrote ({type(e).__name__}: {e})") from None
+        if fingerprint is not None and made_for != fingerprint:
+            raise SwiftkError(f"datastore {path}: built for another tokenizer")
+        if fingerprint is not None and not len(tables[1][0]):   # a corpus never yields no unigram
+            raise SwiftkError(f"datastore {path}: its tables are empty")
         for n, (keys, tok, cnt, tot) in tables.items():
             # what lookup() divides by and searches in: counts 1 <= cnt <= tot, sorted keys of n ids, ids in range
             ok = len(keys) == len(tok) == len(cnt) == len(tot) and (not len(keys) or (
@@ -179,7 +197,11 @@ class Datastore:
                 and tok.min() >= 0 and tok.max() < 1 << BITS and cnt.min() >= 1 and np.all(cnt <= tot)))
             if not ok:
                 raise SwiftkError(f"datastore {path}: corrupt tables (n={n})")
-        return cls(tables)
+        ds = cls(tables)
+        if vocab_size is not None and ds.max_id() >= vocab_size:
+            raise SwiftkError(f"datastore {path}: holds token id {ds.max_id()}, outside this model's vocabulary "
+                              f"({vocab_size} tokens)")
+        return ds
 
 
 def stdlib_ids(tokenizer, max_tokens: int) -> list:
@@ -204,34 +226,41 @@ def _table_path(fingerprint: str, max_tokens: int) -> Path:
     return Path(swiftk_home()) / "datastore" / f"stdlib-{tag}.npz"
 
 
-def cached_stdlib_datastore(fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Optional[Datastore]:
-    """The stdlib tables of this tokenizer when $SWIFTK_HOME/datastore holds them (~0.1 s), else None."""
+def cached_stdlib_datastore(fingerprint: str, vocab_size: int, max_tokens: int = DEFAULT_MAX_TOKENS,
+                            ) -> Optional[Datastore]:
+    """The stdlib tables of this tokenizer when $SWIFTK_HOME/datastore holds them (~0.1 s), else None. A table that
+    fails its checks is removed, with one warning naming it, so that it is rebuilt."""
     if not fingerprint:
         return None
     with _lock:
-        return _load_cached(_table_path(fingerprint, max_tokens))
+        return _load_cached(_table_path(fingerprint, max_tokens), fingerprint, vocab_size)
 
 
-def _load_cached(path: Path) -> Optional[Datastore]:
+def _load_cached(path: Path, fingerprint: str, vocab_size: int) -> Optional[Datastore]:
     if not os.path.lexists(path):
         return None
     try:
-        ds = Datastore.load(path)
+        ds = Datastore.load(path, fingerprint, vocab_size)
         os.utime(path)   # most recently used: evicted last
         return ds
-    except Exception as e:  # noqa: BLE001 - swiftk's own cache, unreadable however (damaged, not a file): rebuild
-        warn(f"swiftk: ignoring the corpus table {path} ({type(e).__name__}: {str(e)[:200]}); it is rebuilt")
+    except Exception as e:  # noqa: BLE001 - swiftk's own cache, unusable however (damaged, not a file): rebuild
+        try:
+            if not os.path.isdir(path):
+                os.unlink(path)
+        except OSError:
+            pass
+        warn(f"swiftk: rebuilding the corpus table {path}: {str(e)[:300]}")
         return None
 
 
-def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
+def stdlib_datastore(tokenizer, fingerprint: str, vocab_size: int, max_tokens: int = DEFAULT_MAX_TOKENS) -> Datastore:
     """The stdlib tables for this tokenizer, from $SWIFTK_HOME/datastore when built before (build: a few seconds
     to ~30 s once, by the tokenizer's speed)."""
     if not fingerprint:   # no identity to key a cached file on: build in memory
         return Datastore.build(stdlib_ids(tokenizer, max_tokens))
     path = _table_path(fingerprint, max_tokens)
     with _lock:   # threads of one process build it once
-        ds = _load_cached(path)
+        ds = _load_cached(path, fingerprint, vocab_size)
         if ds is not None:
             return ds
         ids = stdlib_ids(tokenizer, max_tokens)
@@ -239,7 +268,7 @@ def stdlib_datastore(tokenizer, fingerprint: str, max_tokens: int = DEFAULT_MAX_
         ds = Datastore.build(ids)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            ds.save(path)
+            ds.save(path, fingerprint)
             _evict(path.parent, keep=MAX_CACHED)
         except OSError as e:   # a read-only cache: keep the tables in memory for this process
             print(f"swiftk: datastore not cached ({e})", file=sys.stderr)
@@ -270,7 +299,7 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
     tokenizer cannot encode the corpus or maps it past the model's vocabulary (a custom tokenizer). The caller warns:
     this may run on a background thread, where a warning would reach nobody's filters."""
     try:
-        ds = stdlib_datastore(tokenizer, corpus_fingerprint(tokenizer, identity))
+        ds = stdlib_datastore(tokenizer, corpus_fingerprint(tokenizer, identity), vocab_size)
         if ds.max_token() >= vocab_size:
             raise SwiftkError(f"the corpus maps to token ids >= the model's vocabulary ({vocab_size})")
         return ds, None
@@ -317,8 +346,8 @@ class EngineCorpus:
     def _start_corpus(self):
         """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
         priority (returns it)."""
-        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity))
-        if ds is not None and ds.max_token() < self.config.vocab_size:
+        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity), self.config.vocab_size)
+        if ds is not None:
             self.set_resource("corpus", ds)
             return None
         self._corpus_job = Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size),

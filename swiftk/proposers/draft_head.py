@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 import sys
 from collections import Counter
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_json_atomic
-from ..errors import SwiftkError
+from ..errors import SwiftkError, warn
 from ..files import read_json
 from ..runtime.model import BlockWeight, QWeight, linear, nbytes
 from ..home import swiftk_home
@@ -67,13 +68,20 @@ def _cached_corpus_ranking(tokenizer, cache_dir, model_name: str) -> list[int]:
     fp = _fingerprint(tokenizer)
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name) or "tokenizer"
     path = Path(cache_dir if cache_dir is not None else swiftk_home()) / "draft_vocab" / f"{name}.json"
-    try:
-        data = read_json(path, "draft vocabulary") if path.exists() else {}
-        ids = data["ids"]
-        if data["fingerprint"] == fp and all(isinstance(i, int) and 0 <= i < V for i in ids):
-            return ids
-    except (OSError, ValueError, KeyError, TypeError, SwiftkError):
-        pass  # missing, corrupt or not a file swiftk wrote: rebuild
+    if os.path.lexists(path):
+        why = None
+        try:
+            data = read_json(path, "draft vocabulary")
+            ids = data["ids"]
+            if data["fingerprint"] != fp:
+                why = "made for another tokenizer"
+            elif not ids or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < V for i in ids):
+                why = f"its ids are not {V} vocabulary ids"
+            else:
+                return ids
+        except (OSError, ValueError, KeyError, TypeError, SwiftkError) as e:
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+        warn(f"swiftk: rebuilding the draft vocabulary {path}: {why}")
     ids = _corpus_ranking(tokenizer)
     try:
         write_json_atomic(path, {"fingerprint": fp, "ids": ids})

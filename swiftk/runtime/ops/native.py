@@ -20,7 +20,9 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -35,7 +37,7 @@ from swiftk.home import swiftk_home
 
 MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
 ENV_VAR = "SWIFTK_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c++17", "-pipe"]
 # the translation units, then the files they include (part of the build's key)
 SOURCES = ("cpu_decode.cpp", "cpu_quant.cpp", "cpu_qdot.cpp", "cpu_pool.cpp")
 INCLUDES = ("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_gguf.h", "cpu_simd.h", "cpu_pool.h")
@@ -100,6 +102,46 @@ def _verify(lib: Path) -> Optional[str]:
     return None
 
 
+try:   # resolved here: a forked child should call nothing that takes a lock
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the compiler's process before it runs: killed when the process that started it dies (PR_SET_PDEATHSIG),
+    so a SIGTERM or SIGKILL to swiftk never leaves a compiler finishing a library nobody waits for. With -pipe its
+    own children (cc1plus, as) die with it on the broken pipes."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)
+
+
+_TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.so$")
+
+
+def sweep(out_dir: Path) -> None:
+    """Remove half-built libraries (temp names carry their writer's pid) whose writer is no longer running."""
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return
+    for name in names:
+        m = _TEMP.match(name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue   # its writer is alive (another process building now)
+        except ProcessLookupError:
+            pass
+        except OSError:   # another user's process: alive
+            continue
+        try:
+            os.unlink(out_dir / name)
+        except OSError:
+            pass
+
+
 def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     """The library built with ``flags`` into ``out_dir`` (default ``$SWIFTK_HOME/build``), or the one already
     there; returns its path."""
@@ -108,6 +150,7 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else Path(swiftk_home()) / "build"
     out = out_dir / f"{STEM}-{key}.so"
+    sweep(out_dir)
     if out.exists() or _sidecar(out).exists():
         why = _verify(out)
         if why is None:
@@ -119,7 +162,7 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     tmp = out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.so"
     try:
         r = subprocess.run([cxx, *flags, "-o", str(tmp), *(str(source_path(n)) for n in SOURCES)],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, preexec_fn=_die_with_parent)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
         # sidecar first: a library without its sidecar (or with another's) is never loaded
