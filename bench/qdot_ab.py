@@ -1,8 +1,8 @@
 """The int8-activation kernel (kernels/cpu/cpu_qdot.cpp) of two git revisions side by side, in one process: each
 revision's source built with the project's flags into a temporary folder, then a model's matrices (random blocks of
 its shapes and formats, enough copies to stream from memory as a pass does) multiplied at each pass size M,
-the two builds interleaved call by call so machine noise hits both alike. Prints the best time per M of the layers
-and of the head, and old / new.
+the two builds interleaved call by call so machine noise hits both alike. Prints the median time per M of the
+layers and of the head, and old / new. ``--old-opt`` / ``--new-opt`` replace -O3 (e.g. the same revision at -O2).
 
     python -m bench.qdot_ab --old HEAD~1 --new WORKTREE --rows 1,4,5,8,12,16
 
@@ -27,30 +27,33 @@ SMOLLM2 = "Q4_1:576x960,Q4_1:576x576,Q4_1:576x3072,Q4_1:1536x576"
 SMOLLM2_HEAD = "Q8_0:576x49152"
 
 
-def _build(rev: str, out: Path) -> ctypes.CDLL:
-    """cpu_qdot.cpp (and its header) of git revision ``rev`` ("WORKTREE": the files on disk) built with FLAGS."""
+def _build(rev: str, out: Path, opt: str = "-O3") -> ctypes.CDLL:
+    """The int8-activation kernels of git revision ``rev`` ("WORKTREE": the files on disk): cpu_qdot*.cpp (one file
+    before the K formats got units of their own), the pool and every header, built with FLAGS."""
     from swiftk.runtime.ops.cpu_linear import FLAGS
 
     src = out / rev.replace("/", "_").replace("~", "_")
     src.mkdir(parents=True)
-    units = [src / "cpu_qdot.cpp"]
-    for name in ("cpu_qdot.cpp", "cpu_gguf.h", "cpu_pool.h", "cpu_pool.cpp"):   # revisions before the pool: OpenMP
+    if rev == "WORKTREE":
+        names = sorted(p.name for p in (ROOT / "kernels" / "cpu").iterdir())
+    else:
+        names = sorted(Path(n).name for n in subprocess.run(
+            ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, "kernels/cpu/"], capture_output=True, text=True,
+            check=True).stdout.split())
+    names = [n for n in names if n.endswith(".h") or n.startswith("cpu_qdot") and n.endswith(".cpp")
+             or n == "cpu_pool.cpp"]   # revisions before the pool: OpenMP
+    for name in names:
         path = f"kernels/cpu/{name}"
-        if rev == "WORKTREE":
-            text = (ROOT / path).read_text()
-        else:
-            r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
-            if r.returncode != 0 and name.startswith("cpu_pool"):
-                continue
-            r.check_returncode()
-            text = r.stdout
+        text = (ROOT / path).read_text() if rev == "WORKTREE" else subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True, check=True).stdout
         (src / name).write_text(text)
-        if name == "cpu_pool.cpp":
-            units.append(src / name)
+    units = [src / n for n in names if n.endswith(".cpp")]
     so = src / "qdot.so"
     cxx = shutil.which("g++") or "c++"
     omp = ["-fopenmp"] if "omp.h" in (src / "cpu_qdot.cpp").read_text() else []
-    subprocess.run([cxx, *FLAGS, *omp, "-o", str(so), *map(str, units)], check=True)
+    flags = [opt if f == "-O3" else f for f in FLAGS] + ["-shared"]
+    subprocess.run([cxx, *flags, *omp, "-I", str(ROOT / "csrc" / "include"), "-o", str(so), *map(str, units)],
+                   check=True)
     lib = ctypes.CDLL(str(so))
     lib.swk_qi_linear_ld.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
@@ -87,25 +90,29 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=SMOLLM2)
     ap.add_argument("--head", default=SMOLLM2_HEAD)
     ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=13, help="odd: the median is a run")
+    ap.add_argument("--old-opt", default="-O3")
+    ap.add_argument("--new-opt", default="-O3")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"old": _build(a.old, Path(tmp)), "new": _build(a.new, Path(tmp) / "n")}
+        libs = {"old": _build(a.old, Path(tmp), a.old_opt), "new": _build(a.new, Path(tmp) / "n", a.new_opt)}
         parts = {"layers": _mats(a.shapes, a.layers, rng), "head": _mats(a.head, 1, rng)}
         Ms = [int(m) for m in a.rows.split(",")]
         Ks = {K for p in parts.values() for _, K, _, _ in p}
         xs = {K: torch.randn(max(Ms), K) for K in Ks}
         y = torch.empty(max(Ms), max(N for p in parts.values() for _, _, N, _ in p))
-        print(f"# old = {a.old}, new = {a.new}; {torch.get_num_threads()} threads; best of {a.reps}, interleaved")
+        print(f"# old = {a.old} {a.old_opt}, new = {a.new} {a.new_opt}; {torch.get_num_threads()} threads; median of "
+              f"{a.reps}, interleaved")
         print("| M | layers old ms | new ms | old / new | head old ms | new ms | old / new |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for M in Ms:
-            best = {(v, p): float("inf") for v in libs for p in parts}
+            runs = {(v, p): [] for v in libs for p in parts}
             for r in range(a.reps):
                 for v in (("old", "new") if r % 2 else ("new", "old")):
                     for p, mats in parts.items():
-                        best[(v, p)] = min(best[(v, p)], _run(libs[v], M, mats, xs, y))
+                        runs[(v, p)].append(_run(libs[v], M, mats, xs, y))
+            best = {k: sorted(t)[len(t) // 2] for k, t in runs.items()}
             row = [f"{best[(v, p)] * 1e3:.2f}" if v == "old" else f"{best[(v, p)] * 1e3:.2f} | "
                    f"{best[('old', p)] / best[('new', p)]:.2f}x" for p in parts for v in ("old", "new")]
             print(f"| {M} | " + " | ".join(row) + " |", flush=True)

@@ -438,13 +438,14 @@ def test_corpus_table_with_zero_counts_is_rebuilt_with_a_warning(tmp_path, monke
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
     good = dsm.Datastore.build([5, 6, 7, 5, 6, 7, 5, 6, 8])
     good.tables[2] = (good.tables[2][0], good.tables[2][1], np.zeros_like(good.tables[2][2]), good.tables[2][3] * 0)
-    path = dsm._table_path("fp", 100)
+    path = dsm._table_path("fp", dsm.DEFAULT_MAX_TOKENS)
     path.parent.mkdir(parents=True)
-    good.save(path)
+    good.save(path, "fp")
     with pytest.raises(SwiftkError, match="corrupt tables"):
-        dsm.Datastore.load(path)
-    with pytest.warns(UserWarning, match="ignoring the corpus table"):
+        dsm.Datastore.load(path, "fp", 100)
+    with pytest.warns(UserWarning, match="rebuilding the corpus table"):
         assert dsm.cached_stdlib_datastore("fp", 100) is None
+    assert not path.exists()   # removed, so the next load rebuilds it
 
 
 def test_misspelt_skip_set_keys_are_refused(tmp_path, tiny4):

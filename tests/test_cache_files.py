@@ -1,6 +1,7 @@
-"""Files swiftk writes into $SWIFTK_HOME are checked before use and rebuilt when damaged: the CPU kernel library
-(a damaged one used to kill every later process with SIGBUS) and the corpus tables (shared per tokenizer,
-bounded in number)."""
+"""Files swiftk writes are checked before use and rebuilt when damaged: the CPU kernel library (installed with the
+package, or compiled at first use into the per-machine kernel cache; a damaged one used to kill every later process
+with SIGBUS) and the corpus tables in $SWIFTK_HOME (shared per tokenizer, bounded in number)."""
+import json
 import os
 import shutil
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear, native
 
 CHECK = """
 import torch, warnings
@@ -22,20 +23,21 @@ print("KERNEL OK")
 """
 
 
-def _run(home):
-    env = {**os.environ, "SWIFTK_HOME": str(home)}
-    env.pop("SWIFTK_CPU_KERNELS", None)
-    return subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=300)
+def _run(cache):
+    """A process that takes the first-use path (SWIFTK_CPU_KERNELS=build) with its kernel cache at ``cache``."""
+    env = {**os.environ, "SWIFTK_KERNEL_CACHE": str(cache), "SWIFTK_CPU_KERNELS": "build"}
+    return subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     if not cpu_linear.available():
         pytest.skip(f"no CPU kernel on this host: {cpu_linear.status()}")
-    home = tmp_path_factory.mktemp("home")
-    out = _run(home)
+    cache = tmp_path_factory.mktemp("kernels")
+    out = _run(cache)
     assert out.returncode == 0 and "KERNEL OK" in out.stdout, out.stderr[-2000:]
-    return home
+    assert "compiling the CPU kernels for this machine" in out.stderr   # a first-use build says so
+    return cache
 
 
 def _other_library() -> bytes:
@@ -44,11 +46,7 @@ def _other_library() -> bytes:
     return Path(_ctypes.__file__).read_bytes()
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "other-library", "no-sidecar"])
-def test_damaged_kernel_library_is_rebuilt(built, tmp_path, damage):
-    home = tmp_path / "home"
-    shutil.copytree(built, home, symlinks=True)
-    (lib,) = (home / "build").glob("swiftk_cpu-*.so")
+def _damage(lib: Path, damage: str) -> None:
     data = lib.read_bytes()
     if damage == "truncated":
         lib.write_bytes(data[: len(data) // 3])
@@ -60,12 +58,78 @@ def test_damaged_kernel_library_is_rebuilt(built, tmp_path, damage):
         lib.write_bytes(_other_library())
     else:
         Path(str(lib) + ".sha256.json").unlink()
-    out = _run(home)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "other-library", "no-sidecar"])
+def test_a_damaged_kernel_library_is_never_loaded(built, tmp_path, damage):
+    """Every damage a crash or a stray copy leaves is caught by the size and sha256 check before dlopen."""
+    cache = tmp_path / "kernels"
+    shutil.copytree(built, cache, symlinks=True)
+    (lib,) = cache.glob("swiftk_cpu-*.so")
+    assert native._verify(lib) is None
+    _damage(lib, damage)
+    assert native._verify(lib) is not None
+
+
+def test_a_damaged_kernel_library_is_rebuilt(built, tmp_path):
+    cache = tmp_path / "kernels"
+    shutil.copytree(built, cache, symlinks=True)
+    (lib,) = cache.glob("swiftk_cpu-*.so")
+    data = lib.read_bytes()
+    _damage(lib, "flipped")
+    out = _run(cache)
     assert out.returncode == 0 and "KERNEL OK" in out.stdout, (out.returncode, out.stderr[-2000:])
     assert "rebuilding the CPU kernel library" in out.stderr
     assert lib.read_bytes() == data   # the same build back, checked again by its sidecar
-    again = _run(home)   # and the next process uses it without a word
-    assert again.returncode == 0 and "rebuilding" not in again.stderr
+    again = _run(cache)   # and the next process uses it without a word
+    assert again.returncode == 0 and "rebuilding" not in again.stderr and "compiling" not in again.stderr
+
+
+def _installed_copy(tmp_path, variants: list, cpu: str) -> Path:
+    """A fake install folder: the real library's bytes under each variant's name, with a manifest."""
+    path, _ = native.installed()
+    if path is None:
+        pytest.skip("no installed kernel library (SWIFTK_BUILD_CPU=0)")
+    folder = tmp_path / "_native"
+    folder.mkdir()
+    data = path.read_bytes()
+    entries = {}
+    for v in variants:
+        (folder / f"swiftk_cpu-{v}.so").write_bytes(data)
+        entries[v] = {"file": f"swiftk_cpu-{v}.so", **native._digest(folder / f"swiftk_cpu-{v}.so")}
+    (folder / "manifest.json").write_text(json.dumps({"sources": native.sources_digest(), "cpu": cpu,
+                                                      "variants": entries}))
+    return folder
+
+
+def test_the_best_installed_variant_this_cpu_runs_is_chosen(tmp_path, monkeypatch):
+    """A wheel built with every variant: the loader takes native only on the machine that built it, else the widest
+    ISA whose CPU flags this machine has; a library whose bytes differ from the manifest is refused with a warning
+    (the runtime then compiles one)."""
+    folder = _installed_copy(tmp_path, ["native", "avx512vnni", "avxvnni", "avx2", "portable"], cpu="another cpu")
+    monkeypatch.setattr(native, "INSTALLED", folder)
+    for flags, want in (("avx2 fma f16c bmi1 bmi2 popcnt abm", "avx2"), ("sse2", "portable"),
+                        ("avx_vnni avx2 fma f16c bmi1 bmi2 popcnt abm", "avxvnni"),
+                        ("avx512f avx512bw avx512vl avx512dq avx512cd avx512_vnni avx512_bitalg avx2 fma f16c bmi1 "
+                         "bmi2 popcnt abm", "avx512vnni")):
+        monkeypatch.setattr(native, "_cpu_id", lambda f=flags: f"model name : x\nflags : {f}")
+        assert native.installed() == (folder / f"swiftk_cpu-{want}.so", want)
+    monkeypatch.setattr(native, "_cpu_id", lambda: "another cpu")   # the machine that built it: native
+    assert native.installed() == (folder / "swiftk_cpu-native.so", "native")
+    lib = folder / "swiftk_cpu-native.so"
+    _damage(lib, "flipped")
+    with pytest.warns(RuntimeWarning, match="installed CPU kernel library .* is damaged"):
+        assert native.installed()[0] is None
+
+
+def test_an_install_from_other_sources_is_not_loaded(tmp_path, monkeypatch):
+    folder = _installed_copy(tmp_path, ["portable"], cpu="x")
+    m = json.loads((folder / "manifest.json").read_text())
+    m["sources"] = "0" * 64   # a checkout whose kernels were edited after the install
+    (folder / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setattr(native, "INSTALLED", folder)
+    path, why = native.installed()
+    assert path is None and "other sources" in why
 
 
 def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatch):
@@ -172,17 +236,14 @@ def test_a_killed_build_leaves_no_compiler_running_and_a_later_load_sweeps_its_l
     import signal
     import time
 
-    from swiftk.runtime.ops import native
-
     # a compiler that takes long and writes its output at the end, reporting its pid
     cxx = tmp_path / "slow-cxx"
     cxx.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo slow 1; exit 0; }\n"
                    f"echo $$ > {tmp_path}/cxx.pid\nsleep 30\n"
                    "while [ $# -gt 1 ]; do [ \"$1\" = -o ] && out=$2; shift; done\necho x > \"$out\"\n")
     cxx.chmod(0o755)
-    home = tmp_path / "home"
-    env = {**os.environ, "SWIFTK_HOME": str(home), "CXX": str(cxx)}
-    env.pop("SWIFTK_CPU_KERNELS", None)
+    home = tmp_path / "kernels"
+    env = {**os.environ, "SWIFTK_KERNEL_CACHE": str(home), "CXX": str(cxx), "SWIFTK_CPU_KERNELS": "build"}
     p = subprocess.Popen([sys.executable, "-c", "from swiftk.runtime.ops import native; native.library()"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pidfile = tmp_path / "cxx.pid"
@@ -198,13 +259,13 @@ def test_a_killed_build_leaves_no_compiler_running_and_a_later_load_sweeps_its_l
         assert time.monotonic() < deadline, "the compiler outlived the process that started it"
         time.sleep(0.05)
     time.sleep(0.5)
-    assert not [f.name for f in (home / "build").glob(".*.so")]
+    assert not [f.name for f in home.glob(".*")]
     # a leftover of a dead writer (as a SIGKILL during the link leaves) and one of a live writer
-    dead = home / "build" / f".swiftk_cpu-0123456789abcdef.{_dead_pid()}.1.so"
-    live = home / "build" / f".swiftk_cpu-0123456789abcdef.{os.getppid()}.1.so"
+    dead = home / f".swiftk_cpu-0123456789abcdef.{_dead_pid()}.1.so"
+    live = home / f".swiftk_cpu-0123456789abcdef.{os.getppid()}.1.so"
     dead.write_bytes(b"half")
     live.write_bytes(b"half")
-    native.sweep(home / "build")
+    native.sweep(home)
     assert not dead.exists() and live.exists()
 
 

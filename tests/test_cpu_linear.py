@@ -97,18 +97,21 @@ def test_disabled_by_env(monkeypatch):
 
 
 def test_failed_build_falls_back_with_reason(monkeypatch, tmp_path):
-    """A compiler that fails: the runtime says why and uses torch."""
+    """A compiler that fails (the first-use build: SWIFTK_CPU_KERNELS=build passes over the installed library):
+    the runtime says why and uses torch."""
     bad = tmp_path / "bad-cxx"
     bad.write_text("#!/bin/sh\necho 'bad-cxx 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'no such luck' >&2\nexit 1\n")
     bad.chmod(0o755)
     monkeypatch.setenv("CXX", str(bad))
-    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(cpu_linear.ENV_VAR, "build")
+    monkeypatch.setenv("SWIFTK_KERNEL_CACHE", str(tmp_path / "kernels"))
     cpu_linear.reset()
     try:
         with pytest.warns(RuntimeWarning, match="no such luck"):
             assert not cpu_linear.available()
         assert "build failed" in cpu_linear.status()
-        assert not list((tmp_path / "home" / "build").glob("*"))   # nothing half-written left
+        assert not list((tmp_path / "kernels").glob("*"))   # nothing half-written left
     finally:
         monkeypatch.delenv("CXX")
+        monkeypatch.delenv(cpu_linear.ENV_VAR)
         cpu_linear.reset()

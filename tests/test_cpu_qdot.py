@@ -201,16 +201,17 @@ def test_bad_operands_raise():
 
 # ---- the other ISA paths -------------------------------------------------------------------------------------------
 def _build(tmp_path, march):
-    from swiftk.runtime.ops.cpu_linear import FLAGS, source_path
+    from swiftk.runtime.ops import native
+    from swiftk.runtime.ops.native import FLAGS, source_path
 
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
     so = tmp_path / f"cpu_qdot_{march}.so"
     flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    r = subprocess.run([cxx, *flags, "-o", str(so), str(source_path("cpu_qdot.cpp")), str(source_path("cpu_pool.cpp"))],
-                       capture_output=True,
-                       text=True, timeout=300)
+    units = [n for n in native.SOURCES if n.startswith("cpu_qdot") or n == "cpu_pool.cpp"]
+    r = subprocess.run([cxx, *flags, "-shared", "-o", str(so), *(str(source_path(n)) for n in units)],
+                       capture_output=True, text=True, timeout=600)
     if r.returncode != 0 and "unknown" in r.stderr and march in r.stderr:
         pytest.skip(f"this compiler does not know -march={march}")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -143,15 +143,16 @@ def test_bad_operands_raise():
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])
 def test_other_paths(tmp_path, march):
     """The paths this host's -march=native build does not take: AVX2+FMA (haswell) and portable C++ (x86-64)."""
-    from swiftk.runtime.ops.cpu_linear import FLAGS, source_path
+    from swiftk.runtime.ops import native
+    from swiftk.runtime.ops.native import FLAGS, source_path
 
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:
         pytest.skip("no C++ compiler")
     so = tmp_path / f"cpu_quant_{march}.so"
     flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    subprocess.run([cxx, *flags, "-o", str(so), *(str(source_path(n)) for n in ("cpu_quant.cpp", "cpu_qdot.cpp",
-                                                                                 "cpu_pool.cpp"))],
+    units = [n for n in native.SOURCES if n.startswith(("cpu_quant", "cpu_qdot")) or n == "cpu_pool.cpp"]
+    subprocess.run([cxx, *flags, "-shared", "-o", str(so), *(str(source_path(n)) for n in units)],
                    check=True, timeout=300)
     lib = ctypes.CDLL(str(so))
     assert lib.swk_q_isa() == (256 if march == "haswell" else 0)

@@ -2,10 +2,10 @@
  * cpu_quant.cpp and cpu_qdot.cpp with the GGUF block matmuls, cpu_pool.cpp with their thread pool), callable from
  * any C/C++ host and any of its threads, no Python or torch needed. The sibling of swiftk.h (the CUDA kernels).
  *
- * Build: one shared library from those four translation units with -pthread and -mavx2 -mfma or -march=native
- * (AVX2+FMA or AVX-512 F/BW/VL; the vector width is chosen at compile time), e.g. examples/CMakeLists.txt.
- * swiftk's Python runtime builds the same library at first use and calls these functions through ctypes
- * (swiftk/runtime/ops/native.py), filling the layer table in swiftk/runtime/weights.py `fused_layer_table`.
+ * Build: kernels/cpu/CMakeLists.txt, one shared library per ISA variant (kernels/cpu/variants.json: -march=native,
+ * AVX-512 VNNI, AVX-VNNI, AVX2+FMA or portable; the vector width is chosen at compile time). swiftk's install builds
+ * it into swiftk/_native/ and the Python runtime loads it through ctypes (swiftk/runtime/ops/native.py), filling the
+ * layer table in swiftk/runtime/weights.py `fused_layer_table`; examples/CMakeLists.txt adds the same folder.
  *
  * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
  * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions

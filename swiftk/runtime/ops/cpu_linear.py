@@ -100,7 +100,8 @@ def status() -> str:
     """One line for ``swiftk info``: which matmul serves CPU linears, and why."""
     if _ensure():
         width = _lib.swk_vector_width()
-        return f"swiftk kernel (kernels/cpu/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'})"
+        return (f"swiftk kernel (kernels/cpu/cpu_linear.cpp, {'AVX-512' if width == 16 else 'AVX2'}; library "
+                f"{native.source()})")
     return f"torch matmul ({_why})"
 
 

@@ -1,30 +1,37 @@
 """The CPU kernel library: one shared library from the translation units of ``kernels/cpu/`` (:data:`SOURCES`),
-built for this host at first use, checked and loaded once per process. The op modules (cpu_linear: the float
-matmul, the layer loop, top-k, acceptance's walk, n-grams; cpu_quant: the GGUF block matmuls) bind their
-functions from it; nothing else opens a library.
+checked and loaded once per process. The op modules (cpu_linear: the float matmul, the layer loop, top-k,
+acceptance's walk, n-grams; cpu_quant: the GGUF block matmuls) bind their functions from it; nothing else opens a
+library. One library, so one thread pool (kernels/cpu/cpu_pool.h): every parallel region of every kernel runs on
+the same workers whatever thread calls in.
 
-One library, so one thread pool (kernels/cpu/cpu_pool.h): every parallel region of every kernel runs on the same
-workers whatever thread calls in.
+Where it comes from, in order:
+1. **Installed**: ``pip install`` compiles it (setup.py, kernels/cpu/CMakeLists.txt) into ``swiftk/_native/``,
+   for the ISA variants of kernels/cpu/variants.json it was asked for (default: the installing machine's own,
+   ``native``). The best variant this CPU can run is loaded, if its bytes match the install's manifest and it was
+   built from the sources beside it (an edited checkout falls through to 2).
+2. **Compiled at first use**, once per machine: ``g++ -O3 -march=native`` (``$CXX`` if set), the translation units
+   in parallel, into ``$SWIFTK_KERNEL_CACHE`` (default ``~/.cache/swiftk-kernels``) under a name that hashes the
+   sources, flags, compiler and CPU; a line says so, and how long it took. Written under a temporary name, then
+   renamed, with a sidecar of its size and sha256 checked before every load.
+``SWIFTK_CPU_KERNELS=0`` turns the library off (torch runs every op), ``=build`` skips 1.
 
-Build: ``g++ -O3 -march=native -pthread`` (``$CXX`` if set) into ``$SWIFTK_HOME/build/`` under a name that hashes
-the sources, the flags, the compiler and this CPU's model and feature flags (a home shared between machines never
-loads a build made for another CPU); compiled under a temporary name, then renamed, so concurrent first uses are
-safe; a sidecar records its size and sha256, checked before every load.
-
-Fallback: without a compiler, without AVX2+FMA, when the build fails, or with ``SWIFTK_CPU_KERNELS=0``, the
-runtime uses torch; :func:`status` says why (``swiftk info`` shows it).
+Without a compiler or AVX2+FMA, or when the build fails, the runtime uses torch; :func:`status` says why.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -33,20 +40,24 @@ import torch
 from swiftk.atomic import write_json_atomic
 from swiftk.errors import SwiftkError, warn
 from swiftk.files import read_bytes, read_json
-from swiftk.home import swiftk_home
 
 MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
 ENV_VAR = "SWIFTK_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=c++17", "-pipe"]
-# the translation units, then the files they include (part of the build's key)
-SOURCES = ("cpu_decode.cpp", "cpu_quant.cpp", "cpu_qdot.cpp", "cpu_pool.cpp")
-INCLUDES = ("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_gguf.h", "cpu_simd.h", "cpu_pool.h")
+CACHE_VAR = "SWIFTK_KERNEL_CACHE"
+FLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-std=c++17", "-pipe"]
+# the translation units (setup.py / CMakeLists.txt build the same), then the files they include (part of the key)
+SOURCES = ("cpu_decode.cpp", "cpu_quant.cpp", "cpu_qdot.cpp", "cpu_qdot_q4.cpp", "cpu_qdot_q58.cpp",
+           "cpu_qdot_q4k.cpp", "cpu_qdot_q5k.cpp", "cpu_qdot_q6k.cpp", "cpu_pool.cpp")
+INCLUDES = ("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_gguf.h", "cpu_simd.h", "cpu_pool.h",
+            "cpu_qdot.h")
 STEM = "swiftk_cpu"
+INSTALLED = Path(__file__).resolve().parents[2] / "_native"   # swiftk/_native/
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _why: Optional[str] = None   # why there is no library, once decided ("" when there is one)
 _threads = 0                 # the thread count last given to the library's pool
+_source = ""                 # which library was loaded, for status lines
 
 
 class KernelUnavailable(Exception):
@@ -116,7 +127,7 @@ def _die_with_parent() -> None:
         _prctl(1, signal.SIGKILL)
 
 
-_TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.so$")
+_TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.(?:so|\d+\.o)$")
 
 
 def sweep(out_dir: Path) -> None:
@@ -142,13 +153,18 @@ def sweep(out_dir: Path) -> None:
             pass
 
 
+def kernel_cache() -> Path:
+    """Where first-use builds go: one per machine, whatever $SWIFTK_HOME a process uses."""
+    return Path(os.environ.get(CACHE_VAR) or Path.home() / ".cache" / "swiftk-kernels")
+
+
 def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
-    """The library built with ``flags`` into ``out_dir`` (default ``$SWIFTK_HOME/build``), or the one already
-    there; returns its path."""
+    """The library built with ``flags`` into ``out_dir`` (default :func:`kernel_cache`), or the one already there;
+    returns its path. The translation units compile in parallel, one compiler per core."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [source_path(n).read_text() for n in (*SOURCES, *INCLUDES)]
     key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, _cpu_id()]).encode()).hexdigest()[:16]
-    out_dir = Path(out_dir) if out_dir is not None else Path(swiftk_home()) / "build"
+    out_dir = Path(out_dir) if out_dir is not None else kernel_cache()
     out = out_dir / f"{STEM}-{key}.so"
     sweep(out_dir)
     if out.exists() or _sidecar(out).exists():
@@ -160,32 +176,96 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
         _sidecar(out).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.so"
+    objs = [out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.{i}.o" for i in range(len(SOURCES))]
+    print(f"swiftk: compiling the CPU kernels for this machine (once; ~1 min on 2 cores) into {out_dir} ...",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     try:
-        r = subprocess.run([cxx, *flags, "-o", str(tmp), *(str(source_path(n)) for n in SOURCES)],
-                           capture_output=True, text=True, timeout=600, preexec_fn=_die_with_parent)
+        def compile_one(i: int):
+            return subprocess.run([cxx, *flags, "-c", "-o", str(objs[i]), str(source_path(SOURCES[i]))],
+                                  capture_output=True, text=True, timeout=900, preexec_fn=_die_with_parent)
+
+        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as ex:
+            for r in ex.map(compile_one, range(len(SOURCES))):
+                if r.returncode != 0:
+                    raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        r = subprocess.run([cxx, *flags, "-shared", "-o", str(tmp), *map(str, objs)], capture_output=True, text=True,
+                           timeout=300, preexec_fn=_die_with_parent)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
         # sidecar first: a library without its sidecar (or with another's) is never loaded
         write_json_atomic(_sidecar(out), _digest(tmp))
         os.replace(tmp, out)
     finally:
-        tmp.unlink(missing_ok=True)
+        for f in (tmp, *objs):
+            f.unlink(missing_ok=True)
+    print(f"swiftk: CPU kernels compiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     why = _verify(out)   # another process may have replaced either file meanwhile
     if why is not None:
         raise RuntimeError(f"{out}: {why}")
     return out
 
 
+def _variants() -> dict:
+    return json.loads(source_path("variants.json").read_text())
+
+
+def sources_digest() -> str:
+    """sha256 over kernels/cpu's .cpp and .h files, as setup.py records it in the install's manifest."""
+    folder = source_path("cpu_pool.h").parent
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".cpp", ".h")):
+            h.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def installed() -> tuple:
+    """(path, variant) of the installed library this CPU should load, or (None, why none)."""
+    try:
+        manifest = read_json(INSTALLED / "manifest.json", "kernel manifest", object, 1 << 20)
+    except (OSError, SwiftkError) as e:
+        return None, f"no installed library ({e})"
+    if not isinstance(manifest, dict) or manifest.get("sources") != sources_digest():
+        return None, "the installed library was built from other sources (an edited checkout)"
+    have, table = set(_cpu_id().split()), _variants()
+    for v in table["order"]:
+        entry = (manifest.get("variants") or {}).get(v)
+        if not entry:
+            continue
+        if v == "native" and manifest.get("cpu") != _cpu_id():
+            continue   # -march=native of another machine
+        if not set(table["variants"][v]["cpu"]) <= have:
+            continue
+        path = INSTALLED / str(entry.get("file"))
+        try:
+            if _digest(path) != {"size": entry.get("size"), "sha256": entry.get("sha256")}:
+                warn(f"swiftk: the installed CPU kernel library {path} is damaged (size/sha256 differ from its "
+                     "manifest); compiling one for this machine instead", RuntimeWarning)
+                return None, "damaged"
+        except (OSError, SwiftkError):
+            continue
+        return path, v
+    return None, "no installed variant runs on this CPU"
+
+
 def _open() -> ctypes.CDLL:
+    global _source
     if os.environ.get(ENV_VAR, "").strip() == "0":
         raise KernelUnavailable(f"disabled by {ENV_VAR}=0")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise KernelUnavailable(f"needs x86-64 (AVX2+FMA or AVX-512), this is {platform.machine()}")
+    if os.environ.get(ENV_VAR, "").strip() != "build":
+        path, variant = installed()
+        if path is not None:
+            _source = f"installed ({variant}): {path}"
+            return ctypes.CDLL(str(path))
     cxx = _compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
     try:
         path = build(cxx)
+        _source = f"compiled for this machine: {path}"
         return ctypes.CDLL(str(path))
     except Exception as e:  # noqa: BLE001 - any toolchain problem means: use torch
         raise KernelUnavailable(f"build failed ({type(e).__name__}: {str(e)[:300]})", loud=True) from e
@@ -226,6 +306,12 @@ def sync_threads() -> None:
         _threads = n
 
 
+def source() -> str:
+    """Which library this process loaded: installed (its variant) or compiled for this machine, and its path."""
+    library()
+    return _source
+
+
 def pool_workers() -> int:
     """Worker threads the kernels' pool has started (regions from any host thread share them)."""
     lib = library()
@@ -235,6 +321,6 @@ def pool_workers() -> int:
 def reset() -> None:
     """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS or $CXX). A library already loaded stays
     mapped; the next :func:`library` call decides again."""
-    global _lib, _why, _threads
+    global _lib, _why, _threads, _source
     with _lock:
-        _lib, _why, _threads = None, None, 0
+        _lib, _why, _threads, _source = None, None, 0, ""
