@@ -90,6 +90,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# (vendor, family) -> [(first model, last model, name)], from the vendors' published family/model numbers
+_ARCH = {
+    ("AuthenticAMD", 23): [(0x00, 0x0F, "Zen"), (0x10, 0x2F, "Zen+"), (0x30, 0xFF, "Zen 2")],
+    ("AuthenticAMD", 25): [(0x00, 0x0F, "Zen 3"), (0x10, 0x1F, "Zen 4"), (0x20, 0x5F, "Zen 3"), (0x60, 0xAF, "Zen 4")],
+    ("AuthenticAMD", 26): [(0x00, 0xFF, "Zen 5")],
+    ("GenuineIntel", 6): [(0x55, 0x55, "Skylake-SP / Cascade Lake"), (0x6A, 0x6C, "Ice Lake-SP"),
+                          (0x8F, 0x8F, "Sapphire Rapids"), (0xCF, 0xCF, "Emerald Rapids"), (0xAD, 0xAE, "Granite Rapids")],
+}
+
+
+def cpu_arch() -> str:
+    """The CPU's microarchitecture from /proc/cpuinfo's vendor, family and model (e.g. family 25 model 1: Zen 3),
+    with the numbers, so a result names its machine rather than guessing it."""
+    try:
+        info = dict(ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in ln)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        vendor, fam, mod = info["vendor_id"], int(info["cpu family"]), int(info["model"])
+    except (OSError, KeyError, ValueError):
+        return "unknown"
+    name = next((n for lo, hi, n in _ARCH.get((vendor, fam), []) if lo <= mod <= hi), "unlisted")
+    flags = set(info.get("flags", "").split())
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else \
+        "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({vendor} family {fam} model {mod}, {isa})"
+
+
 def device_kind(device) -> str:
     """Short tag for file names: 'cpu' or 'cuda-<gpu model>'."""
     dev = torch.device(device)
@@ -103,7 +130,7 @@ def machine_info(device, threads: int) -> dict:
     import transformers
 
     dev = torch.device(device)
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+    info = {"cpu": cpu_model(), "cpu_arch": cpu_arch(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "device": str(dev),
             "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model()}

@@ -152,8 +152,7 @@ def test_other_paths(tmp_path, march):
     so = tmp_path / f"cpu_quant_{march}.so"
     flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
     units = [n for n in native.SOURCES if n.startswith(("cpu_quant", "cpu_qdot")) or n == "cpu_pool.cpp"]
-    subprocess.run([cxx, *flags, "-shared", "-o", str(so), *(str(source_path(n)) for n in units)],
-                   check=True, timeout=300)
+    native.link(cxx, flags, [source_path(n) for n in units], so)
     lib = ctypes.CDLL(str(so))
     assert lib.swk_q_isa() == (256 if march == "haswell" else 0)
     lib.swk_q_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]

@@ -1,6 +1,7 @@
 """A hostile-new-user sweep of swiftk: damaged model files, odd side files, a damaged $SWIFTK_HOME, bad API inputs,
 bad CLI use and a hostile HTTP client. Every case runs in a subprocess with its own fresh SWIFTK_HOME (a copy of a
-warmed template: kernel library, corpus tables and draft vocabulary; the registry model is symlinked with its
+warmed template: a first-use kernel library in $H/kernels (the cases that damage it load it with
+SWIFTK_CPU_KERNELS=build; the others load the installed one), corpus tables and draft vocabulary; the registry model is symlinked with its
 ``.verified`` marker, so nothing is downloaded and the real cache is never written) and is classified as one of
 
     clear error | correct | crash | hang | silently wrong | raw traceback | leftover
@@ -138,6 +139,7 @@ for name, code in CASES:
 '''
 
 LEFTOVER_PATTERNS = (".partial-", ".wheels-", ".tmp", ".cpu_linear-", ".cpu_quant-", ".swiftk_cpu-", ".partial")
+BUILD = {"SWIFTK_CPU_KERNELS": "build"}   # load the kernel library from $H/kernels (a first-use build), not the install
 
 
 # ------------------------------------------------------------------------------------------------ homes
@@ -147,14 +149,17 @@ class Homes:
         self.template = root / "template"
 
     def make_template(self):
-        """A home with the kernel library, corpus tables and draft vocabulary built (copied from the real cache
-        where present, then warmed by one load + generate so nothing is built per case)."""
+        """A home with a first-use kernel library, corpus tables and draft vocabulary built (copied from the real
+        caches where present, then warmed by one load + generate so nothing is built per case)."""
         real = Path(os.path.expanduser("~/.cache/swiftk"))
         t = self.template
         t.mkdir(parents=True)
-        for sub in ("build", "datastore", "draft_vocab"):
+        for sub in ("datastore", "draft_vocab"):
             if (real / sub).is_dir():
                 shutil.copytree(real / sub, t / sub, ignore=shutil.ignore_patterns(".*", "*.tmp"))
+        kernels = Path(os.environ.get("SWIFTK_KERNEL_CACHE") or os.path.expanduser("~/.cache/swiftk-kernels"))
+        if kernels.is_dir():
+            shutil.copytree(kernels, t / "kernels", ignore=shutil.ignore_patterns(".*", "*.tmp"))
         (t / "models").mkdir()
         os.symlink(self.model, t / "models" / self.model.name)
         marker = self.model.with_name(self.model.name + ".verified")
@@ -163,7 +168,8 @@ class Homes:
         code = (f"import torch; torch.set_num_threads(1); import swiftk; e = swiftk.load('smollm2-135m'); "
                 f"e.generate({PROMPT!r}, max_new_tokens=32); e.generate({PROMPT!r}, max_new_tokens=8, method='ngram'); "
                 f"print(e.state_path())")
-        r = subprocess.run([PY, "-c", code], env=env_for(t), capture_output=True, text=True, timeout=600, cwd=REPO)
+        r = subprocess.run([PY, "-c", code], env=env_for(t, **BUILD), capture_output=True, text=True, timeout=900,
+                           cwd=REPO)
         if r.returncode:
             sys.exit("template home failed:\n" + r.stderr[-3000:])
         sp = Path(r.stdout.strip().splitlines()[-1])
@@ -180,7 +186,7 @@ class Homes:
 
 def env_for(home: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWIFTK_")}
-    env.update(SWIFTK_HOME=str(home), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+    env.update(SWIFTK_HOME=str(home), SWIFTK_KERNEL_CACHE=str(home / "kernels"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                SWEEP_REPO=str(REPO), SWEEP_PROMPT=PROMPT, SWEEP_NTOK=str(NTOK))
     env.update(extra)
     return env
@@ -193,7 +199,8 @@ def leftovers(home: Path, before: set) -> list:
             p = os.path.join(dirpath, n)
             if p in before:
                 continue
-            if any(s in n for s in LEFTOVER_PATTERNS) and not n.endswith(".so"):
+            # a library is kept; a dot-named one is a writer's temp file
+            if any(s in n for s in LEFTOVER_PATTERNS) and (not n.endswith(".so") or n.startswith(".")):
                 bad.append(os.path.relpath(p, home))
     return bad
 
@@ -225,10 +232,11 @@ def kill_group(pgid: int):
 # ------------------------------------------------------------------------------------------------ runners
 class Case:
     def __init__(self, group, name, repro, kind="py", code="", argv=None, setup=None, shared=False, check=None,
-                 timeout=TIMEOUT, stdin=None, twice=False, env=None, signal_after=None):
+                 timeout=TIMEOUT, stdin=None, twice=False, env=None, signal_after=None, signal_once=False):
         self.group, self.name, self.repro, self.kind = group, name, repro, kind
         self.code, self.argv, self.setup, self.shared, self.check = code, argv, setup, shared, check
         self.timeout, self.stdin, self.twice, self.env, self.signal_after = timeout, stdin, twice, env or {}, signal_after
+        self.signal_once = signal_once   # twice: signal the first run only (the second must recover)
         self.cls, self.detail, self.seconds = None, "", 0.0
 
 
@@ -339,7 +347,8 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
                              stderr=subprocess.PIPE, stdin=subprocess.PIPE if c.stdin is not None else subprocess.DEVNULL,
                              start_new_session=True)
         fired = []
-        if c.signal_after is not None:
+        signalled = c.signal_after is not None and not (c.signal_once and i > 0)
+        if signalled:
             sig, after = c.signal_after
             def fire():
                 time.sleep(after)
@@ -361,14 +370,16 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
         if stray:
             kill_group(p.pid)
         cls, detail = cli_class(rc, out, err, c.check)
-        if c.signal_after is not None and not fired and rc is not None:
+        if signalled and not fired and rc is not None:
             detail = f"{detail} (it ended before the signal was sent: the case needs a longer run)"
-        if c.signal_after is not None and "Traceback" not in err:
+        if signalled and "Traceback" not in err:
             sig = c.signal_after[0]
             if rc == 130 and sig == signal.SIGINT:
                 cls, detail = "correct", "exit 130 after SIGINT"
             elif rc == -signal.SIGTERM and sig == signal.SIGTERM:
                 cls, detail = "correct", "died by SIGTERM, no traceback"
+            elif rc == -signal.SIGKILL and sig == signal.SIGKILL:
+                cls, detail = "correct", "killed"
             elif rc is not None and rc < 0:
                 detail = f"{detail} (expected exit 130 / death by SIGTERM); stderr: {err.strip()[-150:]!r}"
         if rc is None and c.argv and c.argv[0] == "serve":
@@ -752,7 +763,7 @@ def home_cases(model: Path, homes) -> list:
 
     def so_damage(fn):
         def setup(home):
-            for so in (home / "build").glob("*.so"):
+            for so in (home / "kernels").glob("*.so"):
                 fn(so)
         return setup
 
@@ -774,9 +785,18 @@ def home_cases(model: Path, homes) -> list:
 
     for nm, fn in {"truncated": trunc, "flipped": flip, "empty": lambda p: p.write_bytes(b""),
                    "other-so": other_so, "dir": lambda p: (p.unlink(), p.mkdir())}.items():
-        cases.append(Case("3 SWIFTK_HOME", f"kernel-so:{nm}", reprod.replace("(twice)", "(twice; damage $H/build/*.so first)"),
+        cases.append(Case("3 SWIFTK_HOME", f"kernel-so:{nm}",
+                          reprod.replace("(twice)", "(twice, SWIFTK_CPU_KERNELS=build; damage $SWIFTK_KERNEL_CACHE/*.so first)"),
                           kind="cli", argv=[gen[0], gen[1], "-m", "smollm2-135m", *gen[2:]], setup=so_damage(fn),
-                          twice=True, check=ar_check, timeout=300))
+                          twice=True, check=ar_check, timeout=300, env=BUILD))
+    # the first-use build interrupted: one clean line or death, no compiler left running, no temp file left once a
+    # later load has run (it sweeps the dead writer's), and that load builds and decodes correctly
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        cases.append(Case("3 SWIFTK_HOME", f"kernel-build:{sig.name}",
+                          f"SWIFTK_CPU_KERNELS=build, empty kernel cache; kill -{sig.name} 8 s into the compile, run again",
+                          kind="cli", argv=[gen[0], gen[1], "-m", "smollm2-135m", *gen[2:]],
+                          setup=lambda h: shutil.rmtree(h / "kernels", ignore_errors=True), twice=True,
+                          signal_after=(sig, 8), signal_once=True, check=ar_check, timeout=400, env=BUILD))
 
     def ds_damage(fn):
         def setup(home):
@@ -823,10 +843,10 @@ def home_cases(model: Path, homes) -> list:
     cases.append(Case("3 SWIFTK_HOME", "state-dir-is-file", reprod, kind="cli",
                       argv=[gen[0], gen[1], "-m", "smollm2-135m", *gen[2:]],
                       setup=lambda h: (h / "state").write_text("x"), check=ar_check))
-    cases.append(Case("3 SWIFTK_HOME", "build-dir-is-file", reprod, kind="cli",
+    cases.append(Case("3 SWIFTK_HOME", "kernel-cache-is-file", reprod, kind="cli",
                       argv=[gen[0], gen[1], "-m", "smollm2-135m", *gen[2:]],
-                      setup=lambda h: (shutil.rmtree(h / "build"), (h / "build").write_text("x")), check=ar_check,
-                      timeout=300))
+                      setup=lambda h: (shutil.rmtree(h / "kernels"), (h / "kernels").write_text("x")), check=ar_check,
+                      timeout=300, env=BUILD))
     return cases
 
 

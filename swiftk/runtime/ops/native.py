@@ -158,6 +158,43 @@ def kernel_cache() -> Path:
     return Path(os.environ.get(CACHE_VAR) or Path.home() / ".cache" / "swiftk-kernels")
 
 
+def link(cxx: str, flags: list, sources: list, out: Path, objs: Optional[list] = None) -> None:
+    """Compile ``sources`` in parallel (one compiler per core) and link them into the shared library ``out``;
+    RuntimeError with the compiler's message on failure. ``objs``: where the object files go (the caller removes
+    them), default beside ``out``."""
+    objs = objs or [out.with_name(f"{out.name}.{i}.o") for i in range(len(sources))]
+
+    running, stop, lock = [], threading.Event(), threading.Lock()
+
+    def compile_one(i: int):
+        with lock:
+            if stop.is_set():
+                return None
+            p = subprocess.Popen([cxx, *flags, "-c", "-o", str(objs[i]), str(sources[i])], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+            running.append(p)
+        _, err = p.communicate(timeout=900)
+        return p.returncode, err
+
+    ex = ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+    try:
+        for res in ex.map(compile_one, range(len(sources))):
+            if res is not None and res[0] != 0:
+                raise RuntimeError(f"{cxx} failed: {res[1].strip()[-600:]}")
+    except BaseException:   # a failure or an interrupt: no compiler runs on after it
+        with lock:
+            stop.set()
+            for p in running:
+                p.kill()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+    r = subprocess.run([cxx, *flags, "-shared", "-o", str(out), *map(str, objs)], capture_output=True, text=True,
+                       timeout=300, preexec_fn=_die_with_parent)
+    if r.returncode != 0:
+        raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+
+
 def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     """The library built with ``flags`` into ``out_dir`` (default :func:`kernel_cache`), or the one already there;
     returns its path. The translation units compile in parallel, one compiler per core."""
@@ -181,18 +218,7 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
-        def compile_one(i: int):
-            return subprocess.run([cxx, *flags, "-c", "-o", str(objs[i]), str(source_path(SOURCES[i]))],
-                                  capture_output=True, text=True, timeout=900, preexec_fn=_die_with_parent)
-
-        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as ex:
-            for r in ex.map(compile_one, range(len(SOURCES))):
-                if r.returncode != 0:
-                    raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
-        r = subprocess.run([cxx, *flags, "-shared", "-o", str(tmp), *map(str, objs)], capture_output=True, text=True,
-                           timeout=300, preexec_fn=_die_with_parent)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+        link(cxx, flags, [source_path(n) for n in SOURCES], tmp, objs)
         # sidecar first: a library without its sidecar (or with another's) is never loaded
         write_json_atomic(_sidecar(out), _digest(tmp))
         os.replace(tmp, out)
