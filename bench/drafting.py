@@ -14,6 +14,9 @@ alone: ``method="ngram"`` with history, recycle and corpus off), ``llamacpp-ar``
 (history and estimates carry from prompt to prompt, as in a server) and must give swiftk-ar's tokens (the run
 fails otherwise). llama.cpp computes with the file's quantized blocks, so its tokens may differ from swiftk's:
 reported, never a losslessness check. Writes bench/results/drafting_<model>_<date>.md and .json.
+The llama.cpp arms go through llama-cpp-python's wrapper (flash attention off; its prompt lookup is a Python
+re-implementation): a secondary column. llama.cpp as its users run it is measured by bench/versus_native.py
+(llama-bench) and bench/serve_load.py (llama-server, with its own --spec-type speculation).
 
 ``--repeat R`` runs every prompt R times, the arms in alternated order, each repetition from fresh learned states
 (history and estimates carried prompt to prompt within it, as in one run), and takes each prompt's median wall
@@ -55,8 +58,9 @@ def main(argv=None) -> int:
                     "loaded with this draft model (registry name or path)")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
-    if a.repeat < 1:
-        raise SystemExit("--repeat must be >= 1")
+    if a.repeat < 1 or a.repeat % 2 == 0:
+        # an even count has no middle run: its "median" was the faster of the two middle ones, which flattered
+        raise SystemExit("--repeat must be odd (1, 3, 5, ...): the median is then a run")
 
     import swiftk
     from bench.e2e import build_prompts, machine_info, read_bandwidth
@@ -157,7 +161,7 @@ def _run_arm(arm, a, it, eng, eng_ar, peers, states, eos, eng_dm=None) -> dict:
 
 
 def _median_run(results: list) -> dict:
-    """The repetition with the median wall time (the lower middle one for an even count), all wall times beside."""
+    """The repetition with the median wall time (an odd count: main() refuses even ones), all wall times beside."""
     r = dict(sorted(results, key=lambda x: x["wall_s"])[(len(results) - 1) // 2])
     if len(results) > 1:
         r["walls_s"] = [x["wall_s"] for x in results]
