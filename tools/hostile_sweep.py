@@ -222,6 +222,27 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
+def procs_mentioning(home: Path, grace: float = 1.0) -> list:
+    """Processes whose command line names this case's home (e.g. a compiler writing into its kernel cache) that are
+    still running ``grace`` seconds on: children that left the case's process group count too."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if str(home) in cmd and state != "Z":
+                found.append(int(pid))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def kill_group(pgid: int):
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -369,6 +390,13 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
         stray = group_alive(p.pid)
         if stray:
             kill_group(p.pid)
+        others = procs_mentioning(home)
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        stray = stray or bool(others)
         cls, detail = cli_class(rc, out, err, c.check)
         if signalled and not fired and rc is not None:
             detail = f"{detail} (it ended before the signal was sent: the case needs a longer run)"

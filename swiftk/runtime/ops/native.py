@@ -120,11 +120,27 @@ except (OSError, AttributeError):
 
 
 def _die_with_parent() -> None:
-    """In the compiler's process before it runs: killed when the process that started it dies (PR_SET_PDEATHSIG),
-    so a SIGTERM or SIGKILL to swiftk never leaves a compiler finishing a library nobody waits for. With -pipe its
-    own children (cc1plus, as) die with it on the broken pipes."""
+    """In a child before it runs: SIGTERM when the thread that started it dies (PR_SET_PDEATHSIG), so a SIGTERM or
+    SIGKILL to swiftk never leaves a compiler finishing a library nobody waits for."""
     if _prctl is not None:
-        _prctl(1, signal.SIGKILL)
+        _prctl(1, signal.SIGTERM)
+
+
+# The compiler driver forks cc1plus and as, which a signal to the driver alone leaves running: a shell leads their
+# process group and, told by its death signal, kills the whole group; an interrupt kills the group directly.
+_GROUP = 'trap "kill -9 0" TERM; "$@" & wait $!'
+
+
+def _compile(cmd: list) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", _GROUP, "sh", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except OSError:   # already gone
+        pass
 
 
 _TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.(?:so|\d+\.o)$")
@@ -170,8 +186,7 @@ def link(cxx: str, flags: list, sources: list, out: Path, objs: Optional[list] =
         with lock:
             if stop.is_set():
                 return None
-            p = subprocess.Popen([cxx, *flags, "-c", "-o", str(objs[i]), str(sources[i])], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+            p = _compile([cxx, *flags, "-c", "-o", str(objs[i]), str(sources[i])])
             running.append(p)
         _, err = p.communicate(timeout=900)
         return p.returncode, err
@@ -185,14 +200,18 @@ def link(cxx: str, flags: list, sources: list, out: Path, objs: Optional[list] =
         with lock:
             stop.set()
             for p in running:
-                p.kill()
+                _kill_group(p)
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
-    r = subprocess.run([cxx, *flags, "-shared", "-o", str(out), *map(str, objs)], capture_output=True, text=True,
-                       timeout=300, preexec_fn=_die_with_parent)
-    if r.returncode != 0:
-        raise RuntimeError(f"{cxx} failed: {r.stderr.strip()[-600:]}")
+    p = _compile([cxx, *flags, "-shared", "-o", str(out), *map(str, objs)])
+    try:
+        _, err = p.communicate(timeout=300)
+    except BaseException:
+        _kill_group(p)
+        raise
+    if p.returncode != 0:
+        raise RuntimeError(f"{cxx} failed: {err.strip()[-600:]}")
 
 
 def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
