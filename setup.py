@@ -10,7 +10,6 @@ present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
 import hashlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -56,24 +55,16 @@ class CPUKernels(Extension):
         super().__init__("swiftk._cpu_kernels", sources=[], optional=True)
 
 
-def cpu_sources_digest(folder: str) -> str:
-    """sha256 over the kernel sources (what swiftk/runtime/ops/native.py compares: a library built from other sources
-    is not loaded)."""
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name.endswith((".cpp", ".h")):
-            with open(os.path.join(folder, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read() + b"\0")
-    return h.hexdigest()
+def _kernel_id():
+    """swiftk/runtime/ops/kernel_id.py, loaded by path (importing swiftk needs torch): the manifest's digest and CPU
+    are computed by the same code that checks them at run time."""
+    import importlib.util
 
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f.read().splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(lines)
-    except OSError:
-        return platform.processor() or platform.machine()
+    spec = importlib.util.spec_from_file_location("_swiftk_kernel_id", os.path.join(ROOT, "swiftk", "runtime", "ops",
+                                                                                     "kernel_id.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class CMakeBuild(build_ext):
@@ -123,7 +114,8 @@ class CMakeBuild(build_ext):
                                f"-DSWIFTK_CPU_VARIANTS={';'.join(variants)}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}"],
                               stdout=subprocess.DEVNULL)
         subprocess.check_call(["cmake", "--build", tmp, "-j", jobs], stdout=subprocess.DEVNULL)
-        manifest = {"sources": cpu_sources_digest(src), "cpu": _cpu_flags(), "variants": {}}
+        kid = _kernel_id()
+        manifest = {"sources": kid.sources_digest(src), "cpu": kid.cpu_id(), "variants": {}}
         for v in variants:
             path = os.path.join(out, f"swiftk_cpu-{v}.so")
             with open(path, "rb") as f:

@@ -40,6 +40,8 @@ import torch
 from swiftk.atomic import write_json_atomic
 from swiftk.errors import SwiftkError, warn
 from swiftk.files import read_bytes, read_json
+from swiftk.runtime.ops import kernel_id
+from swiftk.runtime.ops.kernel_id import cpu_id as _cpu_id   # a name tests replace
 
 MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
 ENV_VAR = "SWIFTK_CPU_KERNELS"
@@ -75,16 +77,6 @@ def source_path(name: str) -> Path:
         if cand.is_file():
             return cand
     raise FileNotFoundError(f"kernels/cpu/{name} not found next to the swiftk package")
-
-
-def _cpu_id() -> str:
-    """Model name + feature flags of this CPU (what -march=native compiles for)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(keep)
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def _compiler() -> Optional[str]:
@@ -257,12 +249,7 @@ def _variants() -> dict:
 
 def sources_digest() -> str:
     """sha256 over kernels/cpu's .cpp and .h files, as setup.py records it in the install's manifest."""
-    folder = source_path("cpu_pool.h").parent
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name.endswith((".cpp", ".h")):
-            h.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
-    return h.hexdigest()
+    return kernel_id.sources_digest(source_path("cpu_pool.h").parent)
 
 
 def installed() -> tuple:
