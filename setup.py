@@ -108,7 +108,7 @@ class CMakeBuild(build_ext):
             out = os.path.join(os.path.abspath(self.build_lib), "swiftk", "_native")
         tmp = os.path.join(os.path.abspath(self.build_temp), "cpu")
         jobs = str(os.cpu_count() or 2)
-        print(f"swiftk: compiling the CPU kernels ({', '.join(variants)}; ~1 min on 2 cores) ...", flush=True)
+        print(f"swiftk: compiling the CPU kernels ({', '.join(variants)}; ~30 s on 2 cores) ...", flush=True)
         t = time.perf_counter()
         subprocess.check_call(["cmake", "-S", src, "-B", tmp, "-DCMAKE_BUILD_TYPE=Release",
                                f"-DSWIFTK_CPU_VARIANTS={';'.join(variants)}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}"],

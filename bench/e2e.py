@@ -112,6 +112,8 @@ def cpu_arch() -> str:
         return "unknown"
     name = next((n for lo, hi, n in _ARCH.get((vendor, fam), []) if lo <= mod <= hi), "unlisted")
     flags = set(info.get("flags", "").split())
+    if name == "unlisted" and "amx_int8" in flags:   # a hypervisor's generic model number on an AMX server core
+        name = "unlisted model number, AMX: Sapphire Rapids or later"
     isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else \
         "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name} ({vendor} family {fam} model {mod}, {isa})"

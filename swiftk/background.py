@@ -79,6 +79,20 @@ SAY_AFTER_S = 0.25   # a wait at exit longer than this is announced
 @atexit.register
 def _finish() -> None:
     _stop.set()
+    _join_live()
+
+
+def stop_jobs() -> None:
+    """Stop and join the jobs running now, announced as at exit, then let new ones start again: the CLI calls it
+    on an error exit, so that its error is the last line printed (and an embedding caller of cli.main goes on)."""
+    _stop.set()
+    try:
+        _join_live()
+    finally:
+        _stop.clear()
+
+
+def _join_live() -> None:
     with _live_lock:
         threads = list(_live)
     if not threads:
@@ -112,4 +126,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["Background", "Stopped", "check"]
+__all__ = ["Background", "Stopped", "check", "stop_jobs"]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import swiftk
+from swiftk import background
 
 from .errors import SwiftkError
 from .files import check_output_path
@@ -136,6 +137,7 @@ def _main(argv) -> int:
         return {"generate": _generate, "optimize": _optimize, "train-drafter": _train_drafter, "pull": _pull,
                 "info": _info, "serve": _serve, "export-hf": _export_hf}[args.cmd](args)
     except SwiftkError as e:
+        background.stop_jobs()   # any announcement of it first: the error is the last line
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -146,6 +148,7 @@ def _main(argv) -> int:
         return 141
     except OSError as e:   # the output cannot be written (a full disk, /dev/full) or another OS-level failure
         _drop_stdout()
+        background.stop_jobs()
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 1
 

@@ -1,11 +1,16 @@
 """Shared pytest fixtures. Keep this light: every test file imports it."""
 import json
 import os
+import signal
 
 import pytest
 
 # Tests never read or write the user's persisted decoding state; the persistence tests opt in explicitly.
 os.environ["SWIFTK_PERSIST"] = "0"
+# Run in the background (`nohup pytest &`), pytest would ignore SIGINT and so would every child it starts (an
+# inherited SIG_IGN is kept across exec): the Ctrl-C tests would fail for the runner's reason. A handler here is
+# reset to the default in each child.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -105,3 +105,29 @@ def test_a_wait_at_exit_is_announced_and_ctrl_c_ends_it_with_one_line_and_130():
     rest = p.stderr.read()
     assert p.wait(30) == 130 and time.monotonic() - t < 10
     assert rest.strip() == "swiftk: interrupted", rest
+
+
+def test_an_error_exit_ends_with_its_error_line_after_stopping_the_jobs():
+    """The CLI failing while a job runs (the corpus build a load started): the wait is announced first, so the
+    error is the last line the user sees, and the status is 2; jobs started after it run (in-process callers of
+    cli.main, the tests among them, go on)."""
+    p = _run("""
+        import sys, time
+        from swiftk.background import Background, check
+        def job():
+            while True:
+                check()
+                time.sleep(3.0)   # a piece of work between two checks: longer than the 0.25 s unannounced wait
+        Background(job, name="swiftk-corpus")
+        from swiftk.cli import main
+        rc = main(["generate", "x", "-m", "/nonexistent/model.gguf"])
+        b = Background(lambda: 7, name="after")   # a caller that goes on can still start jobs
+        b.join()
+        print("AFTER", b.result, flush=True)
+        sys.exit(rc)
+    """)
+    assert p.stdout.split() == ["AFTER", "7"], p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert lines[-1].startswith("swiftk: error: "), lines
+    assert any("stopping background work before exit (swiftk-corpus)" in ln for ln in lines[:-1]), lines

@@ -24,12 +24,16 @@ def fresh(monkeypatch):
     ops_mod.clear_cache()
 
 
-def test_cpu_default_is_torch():
+def test_cpu_default_is_torch_and_the_kernel_librarys_ops():
+    from swiftk.runtime.ops import cpu_kv, native
+
     ops = get_ops("cpu")
-    assert ops.name == "torch"
-    assert describe("cpu") == {name: "torch" for name in OP_NAMES}
+    kernels = native.library() is not None
+    assert ops.name == ("cpu+torch" if kernels else "torch")
+    assert describe("cpu") == {name: "cpu" if kernels and name == "kv_commit" else "torch" for name in OP_NAMES}
     for name in OP_NAMES:
-        assert getattr(ops, name) is getattr(reference, name)
+        want = cpu_kv.kv_commit if kernels and name == "kv_commit" else getattr(reference, name)
+        assert getattr(ops, name) is want
 
 
 def test_forced_torch(monkeypatch):

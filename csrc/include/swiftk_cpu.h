@@ -96,7 +96,7 @@ enum swk_layer_ptr {
  *   table   [n_layers, SWK_LAYER_TABLE_WIDTH] addresses (offset the pointer to start at a later layer)
  *   wtypes  [n_layers, 4] int: weight types (SWK_W_*) of Wqkv, Wo, Wgu, Wdown; SWK_W_BLOCKS: the weight address
  *           is an int64 descriptor {n_parts, (address, ggml type [| SWK_Q_INT8_ACT], rows) per part}: row groups
- *           of GGUF blocks stacked in order, computed by the function given to swk_set_q_linear
+ *           of GGUF blocks stacked in order, computed by the library's swk_q_linear_ld
  *   flags   [n_layers, 2] bytes: attention / MLP sublayer skipped (all 0 for the full model)
  *   slots   [T] int64 in [0, max_slots): cache slot each new token's k, v are written to
  *   cos_t, sin_t [T, hd/2] float32: cos/sin(position[t] * inv_freq[i]), inv_freq[i] = theta^(-2i/hd)
@@ -121,9 +121,10 @@ SWIFTK_API int swk_layers_multi(int64_t n_layers, const uint64_t* table, const i
                                 const float* sin_t, const uint8_t* vis, int64_t S, float* h, int nthreads,
                                 int64_t n_caches, const uint64_t* kvs, const int64_t* row_cache);
 
-/* The block matmul for weight type 3: kernels/cpu/cpu_quant.cpp's swk_q_linear_ld (y [M, N] with row stride ldy; built
- * with kernels/cpu/cpu_qdot.cpp, which it calls for types with SWK_Q_INT8_ACT). */
-SWIFTK_API void swk_set_q_linear(void* fn);
+/* cache [planes, S, hd] float32 (planes = layers x 2 x KV heads): in every plane, row src[i] -> row dst[i] for i < n,
+ * all sources read before any destination is written. 0, -1 on bad arguments (nothing written), -2 out of memory. */
+SWIFTK_API int swk_kv_commit(float* cache, int64_t planes, int64_t S, int64_t hd, const int64_t* src,
+                             const int64_t* dst, int64_t n);
 
 /* 1 (the default): swk_layers attends for passes of several tokens in tiles of keys shared by their rows; 0: per
  * token, as a one-token step. The results are the same bits; the switch is for A/B timings. */

@@ -31,9 +31,14 @@
 
 #include "cpu_gguf.h"
 #include "cpu_pool.h"
-#include "cpu_linear.cpp"
-#include "cpu_topk.cpp"
-#include "cpu_ngram.cpp"
+#include "cpu_simd.h"
+
+// The matmuls of the same library this file calls (kernels/cpu/cpu_linear.cpp, cpu_quant.cpp; with csrc/include on
+// the path the compiler checks these against swiftk_cpu.h's declarations).
+extern "C" int swk_linear(const float* x, int64_t M, int64_t K, const void* w, int wt, const float* scale, int64_t N,
+                          float* y, int nthreads);
+extern "C" int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                               int64_t ldy);
 
 namespace {
 
@@ -49,44 +54,6 @@ static_assert((int)P_ATTN_NORM == SWK_P_ATTN_NORM && (int)P_WQKV == SWK_P_WQKV &
                   (int)P_WDOWN_SCALE == SWK_P_WDOWN_SCALE && (int)P_KV == SWK_P_KV &&
                   (int)NPTR == SWK_LAYER_TABLE_WIDTH,
               "layer table order differs from csrc/include/swiftk_cpu.h");
-#endif
-
-// exp on a vector (Cephes' expf: range reduction by ln 2, degree-6 polynomial; ~1 ulp like torch's vectorized
-// exp). Written out because the compiler vectorizes no libm call under strict IEEE flags, and scalar expf over
-// the SwiGLU activations and attention scores cost several ms per verify pass.
-#if SWK_W == 16
-static inline vec vexp(vec x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-  vec fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  vec y = _mm512_set1_ps(1.9875691500E-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
-}
-#else
-static inline vec vexp(vec x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  vec fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  vec y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
-}
 #endif
 
 // exp of p[0, n) in place; p has room for n rounded up to the vector width (padding is overwritten), so every
@@ -116,16 +83,6 @@ void rmsnorm_rows(const float* x, const float* w, float* y, int64_t T, int64_t D
   }
 }
 
-template <int WT>
-void linear_t(const float* x, int64_t M, int64_t K, const void* w, const float* scale, int64_t N, float* y,
-              int nthreads) {
-  run<WT>(x, M, K, (const char*)w, scale, N, y, nthreads);
-}
-
-// GGUF block formats (wtype 3) run on kernels/cpu/cpu_quant.cpp, a separate library: the host hands its entry in
-// (swk_set_q_linear) rather than this file compiling a second copy of it.
-typedef int (*q_linear_fn)(const float*, int64_t, int64_t, const void*, int, int64_t, float*, int64_t);
-q_linear_fn g_q_linear = nullptr;
 int g_attention_tiles = 1;   // swk_set_attention_tiles: 0 runs every pass on per-token work items (A/B, tests)
 
 // A block weight's descriptor (int64): n_parts, then (address, ggml type, rows) per part: row groups in their own
@@ -136,7 +93,7 @@ void linear_blocks(const float* x, int64_t M, int64_t K, const int64_t* desc, in
   int64_t col = 0;
   for (int64_t i = 0; i < desc[0]; i++) {
     const int64_t* p = desc + 1 + 3 * i;
-    if (g_q_linear(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N) != 0) throw BlockKernelFailed();
+    if (swk_q_linear_ld(x, M, K, (const void*)p[0], (int)p[1], p[2], y + col, N) != 0) throw BlockKernelFailed();
     col += p[2];
   }
 }
@@ -145,24 +102,10 @@ void linear_any(int wt, const float* x, int64_t M, int64_t K, const void* w, con
                 float* y, int nthreads) {
   switch (wt) {
     case 3: linear_blocks(x, M, K, (const int64_t*)w, N, y); break;
-    case 0: linear_t<0>(x, M, K, w, scale, N, y, nthreads); break;
-    case 1: linear_t<1>(x, M, K, w, scale, N, y, nthreads); break;
-    default: linear_t<2>(x, M, K, w, scale, N, y, nthreads); break;
+    // swk_layers checked the operands (an int8 weight has its scales), so swk_linear accepts them
+    default: swk_linear(x, M, K, w, wt, wt == 2 ? scale : nullptr, N, y, nthreads); break;
   }
 }
-
-#if SWK_W == 8
-// Lane j = vsum(a[j]), bitwise: the same pairings in the same order (lanes i and i + 4, then i and i + 2, then 0
-// and 1), done for 8 vectors at once.
-static inline __m256 hsum8(const __m256 (&a)[8]) {
-  __m256 b[4], c[2];
-  for (int p = 0; p < 4; p++)   // b[p] = [a[p] lo + hi | a[p + 4] lo + hi]
-    b[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[p], a[p + 4], 0x20), _mm256_permute2f128_ps(a[p], a[p + 4], 0x31));
-  for (int p = 0; p < 2; p++)   // lanes i and i + 2 of b[2p] and b[2p + 1]
-    c[p] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44), _mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
-  return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
-}
-#endif
 
 // Rotate-half RoPE (HF layout) of n_heads heads of x [hd] at one position; cos/sin [hd/2].
 void rope_row(float* x, int64_t n_heads, int64_t hd, const float* c, const float* s) {
@@ -192,7 +135,7 @@ void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0,
 #if SWK_W == 16
   if (vec_hd) {
     const int64_t nv = hd / SWK_W;
-    vec mv = _mm512_set1_ps(-INFINITY);
+    vec mv = vset1(-INFINITY);
     for (; s + 16 <= s1; s += 16) {
       vec acc[16];
 #pragma GCC unroll 16
@@ -205,13 +148,12 @@ void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0,
       vec in[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lane j = key s + j
-      const vec sc = _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale));
-      const __m128i bytes = _mm_loadu_si128((const __m128i*)(vis + s));
-      const __mmask16 m = _mm_test_epi8_mask(bytes, bytes);   // the visible keys' lanes
-      _mm512_mask_storeu_ps(p + s, m, sc);
-      mv = _mm512_mask_max_ps(mv, m, mv, sc);   // max is exact: the lanes' order does not matter
+      const vec sc = vmul(hsum16(in), vset1(scale));
+      const vmask m = vmask_bytes(vis + s);   // the visible keys' lanes
+      vst_mask(p + s, m, sc);
+      mv = vmax_mask(mv, m, sc);   // max is exact: the lanes' order does not matter
     }
-    mx = std::max(mx, _mm512_reduce_max_ps(mv));
+    mx = std::max(mx, vmax_all(mv));
   }
 #else
   if (vec_hd) {   // AVX2: 8 keys at a time, their sums in one shuffle tree (hsum8: each bitwise vsum, i.e. dot())
@@ -226,7 +168,7 @@ void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0,
         for (int j = 0; j < 8; j++) acc[j] = vfma(qv, vld(K + (s + j) * hd + v * SWK_W), acc[j]);
       }
       alignas(32) float sc[8];
-      _mm256_store_ps(sc, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      vst(sc, vmul(hsum8(acc), vset1(scale)));
       for (int j = 0; j < 8; j++) {
         if (!vis[s + j]) continue;
         p[s + j] = sc[j];
@@ -360,7 +302,7 @@ void attend_heads(const float* q, const float* K, const float* V, const uint8_t*
 void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t* va, const uint8_t* vb, int64_t s0,
                  int64_t s1, int64_t S, int64_t hd, float scale, float* pa, float* pb, float& ma, float& mb) {
   const int64_t nv = hd / SWK_W, end = std::min(s1, S / 16 * 16);
-  vec mv = _mm512_set1_ps(-INFINITY);
+  vec mv = vset1(-INFINITY);
   int64_t s = s0;
   for (; s < end; s += 8) {
     vec acc[16];
@@ -378,18 +320,14 @@ void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t
     vec in[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; j++) in[(j / 4) + 4 * (j % 4)] = acc[j];   // lanes 0-7: row a, 8-15: row b
-    const vec sc = _mm512_mul_ps(hsum16(in), _mm512_set1_ps(scale));
-    int64_t a8, b8;   // the visible keys' lanes: a nonzero byte each
-    memcpy(&a8, va + s, 8);
-    memcpy(&b8, vb + s, 8);
-    const __m128i bytes = _mm_set_epi64x(b8, a8);
-    const __mmask16 m = _mm_test_epi8_mask(bytes, bytes);
-    _mm256_mask_storeu_ps(pa + s, (__mmask8)m, _mm512_castps512_ps256(sc));
-    _mm256_mask_storeu_ps(pb + s, (__mmask8)(m >> 8), _mm512_castps512_ps256(_mm512_shuffle_f32x4(sc, sc, 0xEE)));
-    mv = _mm512_mask_max_ps(mv, m, mv, sc);   // max is exact: any order gives head_scores' value
+    const vec sc = vmul(hsum16(in), vset1(scale));
+    const vmask m = vmask_bytes2(va + s, vb + s);   // the visible keys' lanes
+    vst_lo8_mask(pa + s, m, sc);
+    vst_hi8_mask(pb + s, m, sc);
+    mv = vmax_mask(mv, m, sc);   // max is exact: any order gives head_scores' value
   }
   alignas(64) float mx[16];
-  _mm512_store_ps(mx, mv);
+  vst(mx, mv);
   for (int j = 0; j < 8; j++) {
     ma = std::max(ma, mx[j]);
     mb = std::max(mb, mx[8 + j]);
@@ -471,7 +409,7 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
       if (row_cache[t] < 0 || row_cache[t] >= n_caches || (t && row_cache[t] < row_cache[t - 1])) return -1;
   }
   for (int64_t i = 0; i < 4 * n_layers; i++)
-    if (wtypes[i] < 0 || wtypes[i] > 3 || (wtypes[i] == 3 && !g_q_linear)) return -1;
+    if (wtypes[i] < 0 || wtypes[i] > 3) return -1;
   // each weight's operands (K, N as the layer reads it): an int8 weight needs its scales, a block descriptor parts
   // whose rows cover N exactly in formats whose blocks divide K (the block kernel's errors are not read mid-pass)
   const int64_t nqkv = (H + 2 * KV) * hd, wk[4] = {D, H * hd, D, I}, wn[4] = {nqkv, D, 2 * I, D};
@@ -631,7 +569,7 @@ extern "C" {
 //   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
 //          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
 //          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
-//          linear_blocks; needs swk_set_q_linear); flags: n_layers * 2 bytes (attention, MLP skipped).
+//          linear_blocks); flags: n_layers * 2 bytes (attention, MLP skipped).
 //   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
 //          (every row sees at least one slot, S <= max_slots).
 // Returns 0, -1 on bad arguments (nothing computed) or -2 out of memory (h and the cache partly written).
@@ -656,9 +594,6 @@ int swk_layers_multi(int64_t n_layers, const uint64_t* table, const int* wtypes,
   return layers(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis,
                 S, h, nthreads, n_caches, kvs, row_cache);
 }
-
-// The block-format matmul (kernels/cpu/cpu_quant.cpp's swk_q_linear_ld) that weight type 3 calls.
-void swk_set_q_linear(void* fn) { g_q_linear = (q_linear_fn)fn; }
 
 // 1 (the default): passes of several tokens attend in tiles (attend_group); 0: per-token work items, as a decode
 // step. The same bits either way; the switch exists for A/B timings and the tests that check that.

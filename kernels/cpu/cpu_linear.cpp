@@ -11,54 +11,20 @@
 // whatever M, the blocking or the thread count, so a token's logits in a verify pass equal its logits in a
 // one-token step bit for bit.
 //
-// AVX-512 (F/BW/VL) or AVX2+FMA, chosen by -march at build time; threads: the library's pool (cpu_pool.h).
+// AVX-512 (F/BW/VL), AVX2+FMA or portable C++ (cpu_simd.h), chosen by -march at build time; threads: the library's
+// pool (cpu_pool.h).
 #include <stdint.h>
 
 #include "cpu_pool.h"
 #include "cpu_simd.h"
 
-#if SWK_ISA == 0
-#error "swiftk cpu_linear needs AVX2+FMA or AVX-512 (F/BW/VL)"
-#endif
-
 // Weights as float vectors: float32 (0), bfloat16 (1), int8 (2); ld_w_tail for the last n < SWK_W of a row.
-template <int WT> static inline vec ld_w(const void* p);
-template <int WT> static inline vec ld_w_tail(const void* p, int n);
-#if SWK_ISA == 512
-template <> inline vec ld_w<0>(const void* p) { return _mm512_loadu_ps((const float*)p); }
-template <> inline vec ld_w<1>(const void* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-template <> inline vec ld_w<2>(const void* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-template <> inline vec ld_w_tail<0>(const void* p, int n) {
-  return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
-}
-template <> inline vec ld_w_tail<1>(const void* p, int n) {
-  __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-template <> inline vec ld_w_tail<2>(const void* p, int n) {
-  __m128i b = _mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p);
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-}
-#else
-template <> inline vec ld_w<0>(const void* p) { return _mm256_loadu_ps((const float*)p); }
-template <> inline vec ld_w<1>(const void* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-template <> inline vec ld_w<2>(const void* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+template <int WT> static inline vec ld_w(const void* p) {
+  return WT == 0 ? vld((const float*)p) : WT == 1 ? vld_bf16(p) : vld_i8(p);
 }
 template <int WT> static inline vec ld_w_tail(const void* p, int n) {
-  // rare (K % 8 != 0): widen through a zero-padded copy
-  constexpr int es = WT == 0 ? 4 : WT == 1 ? 2 : 1;
-  alignas(32) unsigned char buf[32] = {0};
-  for (int i = 0; i < n * es; i++) buf[i] = ((const unsigned char*)p)[i];
-  return ld_w<WT>(buf);
+  return WT == 0 ? vld_tail((const float*)p, n) : WT == 1 ? vld_bf16_tail(p, n) : vld_i8_tail(p, n);
 }
-#endif
 
 namespace {
 
@@ -87,34 +53,13 @@ constexpr int64_t PREFETCH_BYTES = 16384;
 template <int WT> constexpr int64_t esize() { return WT == 0 ? 4 : WT == 1 ? 2 : 1; }
 
 #if SWK_W == 16
-// 16 horizontal sums at once: a shuffle tree over 16 accumulators (28 shuffles, 15 adds) in place of 16 separate
-// reductions (~64 shuffles), pairing lanes as vsum does (halves of 256, of 128, lanes j and j + 2, then 0 and 1),
-// so every sum is bitwise the one vsum gives: batch invariance holds across tile shapes.
-// Lane 4b + t of the result is the sum of in[b + 4t].
-static inline vec hsum16(const vec (&in)[16]) {
-  vec t[8], u[4], x[2];
-  for (int p = 0; p < 8; p++)   // 256-bit halves: blocks 0-1 <- in[2p], blocks 2-3 <- in[2p + 1]
-    t[p] = _mm512_add_ps(_mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(in[2 * p], in[2 * p + 1], 0xEE));
-  for (int q = 0; q < 4; q++)   // 128-bit halves: block b <- in[4q + b]
-    u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0x88),
-                         _mm512_shuffle_f32x4(t[2 * q], t[2 * q + 1], 0xDD));
-  for (int s = 0; s < 2; s++)   // lanes j and j + 2 within each block
-    x[s] = _mm512_add_ps(_mm512_unpacklo_ps(u[2 * s], u[2 * s + 1]), _mm512_unpackhi_ps(u[2 * s], u[2 * s + 1]));
-  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]))),
-                       _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[0]), _mm512_castps_pd(x[1]))));
-}
-
 // The 4 x 4 tile's sums: acc[r][m] -> y[m0 + m, n0 + r] (int8: times scale[n0 + r], as in tile).
 template <int WT>
 inline void store_4x4(const vec (&acc)[4][4], const float* scale, float* y, int64_t N, int64_t n0, int64_t m0) {
   // in[4r + m] = acc[r][m], and lane 4b + t sums in[b + 4t]: lane 4m + r holds acc[r][m]
   vec out = hsum16(reinterpret_cast<const vec (&)[16]>(acc));
-  if (WT == 2) out = _mm512_mul_ps(out, _mm512_broadcast_f32x4(_mm_loadu_ps(scale + n0)));
-  _mm_storeu_ps(y + (m0 + 0) * N + n0, _mm512_extractf32x4_ps(out, 0));
-  _mm_storeu_ps(y + (m0 + 1) * N + n0, _mm512_extractf32x4_ps(out, 1));
-  _mm_storeu_ps(y + (m0 + 2) * N + n0, _mm512_extractf32x4_ps(out, 2));
-  _mm_storeu_ps(y + (m0 + 3) * N + n0, _mm512_extractf32x4_ps(out, 3));
+  if (WT == 2) out = vmul(out, vbcast4(scale + n0));
+  vst_quarters(y + m0 * N + n0, N, out);
 }
 #endif
 
@@ -139,7 +84,7 @@ inline void tile(const float* x, int64_t K, const char* w, const float* scale, f
     for (int m = 0; m < M_; m++) xv[m] = vld(xr + m * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      if (pf[r]) _mm_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, _MM_HINT_T1);
+      if (pf[r]) __builtin_prefetch(wr + (r * K + k) * esize<WT>() + PREFETCH_BYTES, 0, 2);   // into L2 (T1)
       vec wv = ld_w<WT>(wr + (r * K + k) * esize<WT>());
 #pragma GCC unroll 4
       for (int m = 0; m < M_; m++) acc[r][m] = vfma(wv, xv[m], acc[r][m]);
@@ -224,7 +169,7 @@ int swk_linear(const float* x, int64_t M, int64_t K, const void* w, int wt, cons
   }
 }
 
-// Vector width in floats this build was compiled for (16: AVX-512, 8: AVX2).
+// Vector width in floats this build was compiled for (16: AVX-512, 8: AVX2 or portable).
 int swk_vector_width(void) { return SWK_W; }
 
 }  // extern "C"

@@ -938,9 +938,9 @@ void pairs_rows(const uint8_t* p, int64_t nblk, const XP& Y, Span& S, int64_t M,
 template <int T>
 void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
   constexpr int BS = Fmt<T>::BS, TS = Fmt<T>::TS, GBT = 8 * TS;
-  constexpr int SPAN = BS == 32 ? 8 : 1;   // blocks per decoded span: 256 elements of each row
+  [[maybe_unused]] constexpr int SPAN = BS == 32 ? 8 : 1;   // blocks per decoded span: 256 elements of each row
   const int64_t K = X.K, M = X.M, rb = K / BS * TS, nblk = K / BS, full = N / 8, ng = (N + 7) / 8;
-  const int64_t nt = (ng + 1) / 2;
+  [[maybe_unused]] const int64_t nt = (ng + 1) / 2;
   thread_local std::vector<uint8_t> tail;
   if (ng > full) {
     std::vector<uint8_t> rows_copy((size_t)(8 * rb));
@@ -985,18 +985,24 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
       alignas(32) float out[4 * 8];
       for (int64_t m0 = 0; m0 < M; m0 += 4) {   // rows 4 at a time: the group's blocks are in L1 after the first
         const int mt = (int)(M - m0 < 4 ? M - m0 : 4);
+#if SWI_V512
+        direct_rows<T, 1>(group(g), nblk, X, m0, S, out);   // M == 1 here: larger passes took the pairs
+#else
         switch (mt) {
           case 1: direct_rows<T, 1>(group(g), nblk, X, m0, S, out); break;
           case 2: direct_rows<T, 2>(group(g), nblk, X, m0, S, out); break;
           case 3: direct_rows<T, 3>(group(g), nblk, X, m0, S, out); break;
           default: direct_rows<T, 4>(group(g), nblk, X, m0, S, out); break;
         }
+#endif
         for (int m = 0; m < mt; m++)
           for (int r = 0; r < 8 && 8 * g + r < N; r++) y[(m0 + m) * ldy + 8 * g + r] = out[8 * m + r];
       }
     });
     return;
   }
+#if !SWI_V512   // unreachable there (every pass of 2 rows or more took the pairs): not compiled, which halves the
+                // K formats' compile time
   // each thread's accumulators, allocated here: an exception must not leave a parallel region (std::terminate)
   thread_local std::vector<float> accv;
   const int64_t per = 2 * M * 8;
@@ -1024,8 +1030,9 @@ void linear_simd(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy
           for (int r = 0; r < 8 && n0 + 8 * g + r < N; r++) y[m * ldy + n0 + 8 * g + r] = acc[8 * (g * M + m) + r];
     }
   });
-  if (tail.size() > (1u << 16)) std::vector<uint8_t>().swap(tail);
   if (accv.size() > (1u << 16)) std::vector<float>().swap(accv);
+#endif
+  if (tail.size() > (1u << 16)) std::vector<uint8_t>().swap(tail);
 }
 #endif
 

@@ -6,10 +6,11 @@
 //
 // Order: larger first; equal values by lower index (torch.argmax's "first maximal value"); NaN counts as larger
 // than every number (torch's max reductions propagate it), so a NaN row's argmax is its first NaN.
-#include <immintrin.h>
 #include <math.h>
-#include "cpu_pool.h"
 #include <stdint.h>
+
+#include "cpu_pool.h"
+#include "cpu_simd.h"
 
 #include <new>
 
@@ -22,7 +23,7 @@ inline bool before(float a, int64_t ia, float b, int64_t ib) {  // a at ia sorts
 }
 
 // One row (or the slice [i0, V) of one: indices stay the row's): the k best (value, index) kept sorted in (v, ix); a
-// vector pass skips every 8 elements none of which beats the current k-th (strictly: a later equal value loses the
+// vector pass skips every SWK_W elements none of which beats the current k-th (strictly: a later equal value loses the
 // tie), so insertions are rare after the start. Returns how many it kept (k, or fewer in a short slice).
 int row_topk(const float* x, int64_t V, int k, int64_t* out, int64_t i0 = 0, float* out_v = nullptr) {
   float v[64];
@@ -41,13 +42,11 @@ int row_topk(const float* x, int64_t V, int k, int64_t* out, int64_t i0 = 0, flo
   };
   int64_t i = i0;
   for (; i < V && n < k; i++) offer(x[i], i);
-  for (; i + 8 <= V; i += 8) {
-    const __m256 c = _mm256_loadu_ps(x + i);
-    // lanes that may enter: greater than the k-th, or NaN (unordered compare)
-    const __m256 thr = _mm256_set1_ps(v[k - 1]);
-    const int m = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(c, thr, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q)));
+  for (; i + SWK_W <= V; i += SWK_W) {
+    // lanes that may enter: greater than the k-th, or NaN
+    const unsigned m = vmask_gt_or_nan(vld(x + i), v[k - 1]);
     if (m)
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < SWK_W; j++)
         if (m >> j & 1) offer(x[i + j], i + j);
   }
   for (; i < V; i++) offer(x[i], i);

@@ -161,9 +161,7 @@ class Model(FusedCPULayers):
         if weights == "native":
             if not cpu_quant.available():
                 raise SwiftkError(f'weights="native" needs the CPU block kernel: {cpu_quant.status()}')
-            if cpu_linear.active():
-                cpu_linear.use_q_linear(cpu_quant.linear_address())
-            else:
+            if not cpu_linear.active():
                 self.fused_ok = False
         elif weights is not None and not cpu_linear.active():
 

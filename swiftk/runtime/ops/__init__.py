@@ -1,7 +1,9 @@
 """Op dispatch: the runtime calls ops through the namespace returned by :func:`get_ops`.
 
 Per op the preference is cuda-extension > cupy > triton > torch, by device and availability:
-- CPU (and any non-CUDA device): torch. Triton only when forced with SWIFTK_BACKEND=triton, which needs the
+- CPU: the CPU kernel library's ops where it is loaded (``cpu``: kv_commit, ops/cpu_kv.py; the layer loop and
+  the matmuls run inside the model's fused pass, ops/cpu_linear.py), torch for the rest; other non-CUDA devices:
+  torch. Triton only when forced with SWIFTK_BACKEND=triton, which needs the
   interpreter (TRITON_INTERPRET=1, set before the first kernel import).
 - CUDA: the swiftk._C kernels where built (tree_attention, kv_commit, fused_add_rmsnorm, rmsnorm), else the same
   CUDA sources compiled at first use through CuPy/NVRTC (swiftk/runtime/ops/cupy_ops.py), Triton for the rest (or
@@ -72,6 +74,12 @@ def _select(dev: torch.device) -> tuple[dict, dict]:
     impl, chosen = _torch_ops(), {name: "torch" for name in OP_NAMES}
     if req == "torch":
         return impl, chosen
+    if req is None and dev.type == "cpu":
+        from . import cpu_kv
+
+        if cpu_kv.available():
+            impl["kv_commit"], chosen["kv_commit"] = cpu_kv.kv_commit, "cpu"
+        return impl, chosen
     if req == "triton" or (req is None and dev.type == "cuda"):
         tri = _triton_ops(dev, forced=req == "triton")
         if tri is not None:
@@ -127,7 +135,7 @@ def get_ops(device) -> SimpleNamespace:
 def namespace(impl: dict, chosen: dict) -> SimpleNamespace:
     """The namespace the runtime calls (op name -> implementation, ``chosen``: op name -> backend name) with its
     per-pass planners; benchmarks build one per backend with it."""
-    used = [b for b in ("cuda", "cupy", "triton", "torch") if b in chosen.values()]
+    used = [b for b in ("cuda", "cupy", "triton", "cpu", "torch") if b in chosen.values()]
     ns = SimpleNamespace(name="+".join(used), backends=dict(chosen), **impl)
     ns.tree_attend = _tree_attend_planner(ns, dense=chosen["tree_attention"] == "torch")
     ns.rope_plan = _rope_planner(ns, tables=chosen["apply_rope"] == "torch")

@@ -24,9 +24,6 @@ from swiftk.runtime.ops.native import ENV_VAR, FLAGS, source_path  # noqa: F401 
 
 _W_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
-_SYMBOLS = ("swk_linear", "swk_layers", "swk_vector_width", "swk_layer_table_width", "swk_set_q_linear",
-            "swk_topk_rows", "swk_topk_into", "swk_greedy_path", "swk_set_attention_tiles", "swk_ngram_propose",
-            "swk_layers_multi")
 _lock = threading.Lock()
 _enabled = True                 # set_enabled(False): this process uses torch matmul (benchmarks' A/B)
 _lib = None
@@ -40,35 +37,7 @@ def _load() -> None:
     if lib is None:
         _why = native.why()
         return
-    missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
-    if missing:
-        _why = f"the kernel library lacks {', '.join(missing)}"
-        return
-    fn = lib.swk_linear
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
-                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    lib.swk_vector_width.restype = ctypes.c_int
-    lib.swk_layers.restype = ctypes.c_int
-    lib.swk_layer_table_width.restype = ctypes.c_int
-    lib.swk_set_q_linear.argtypes, lib.swk_set_q_linear.restype = [ctypes.c_void_p], None
-    lib.swk_set_attention_tiles.argtypes, lib.swk_set_attention_tiles.restype = [ctypes.c_int], None
-    lib.swk_topk_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-    lib.swk_topk_rows.restype = ctypes.c_int
-    lib.swk_topk_into.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
-    lib.swk_topk_into.restype = ctypes.c_int
-    lib.swk_greedy_path.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 4
-    lib.swk_greedy_path.restype = ctypes.c_int64
-    lib.swk_ngram_propose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
-                                      + [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_double]
-                                      + [ctypes.c_void_p] * 2)
-    lib.swk_ngram_propose.restype = ctypes.c_int
-    lib.swk_layers.argtypes = ([ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
-                               + [ctypes.c_float] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64]
-                               + [ctypes.c_void_p, ctypes.c_int])
-    lib.swk_layers_multi.argtypes = lib.swk_layers.argtypes + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-    lib.swk_layers_multi.restype = ctypes.c_int
+    fn = lib.swk_linear   # the ABI is typed by ops/cpu_abi.py as the library loads
     _lib, _fn, _why = lib, fn, ""
 
 
@@ -262,11 +231,6 @@ def layers_fn():
 def layers_multi_fn():
     """The C entry ``swk_layers_multi``: rows of several sequences, each with its own cache, in one pass."""
     return _lib.swk_layers_multi
-
-
-def use_q_linear(address: int) -> None:
-    """Give the fused loop the block-format matmul (ops/cpu_quant.linear_address) its weight type 3 calls."""
-    _lib.swk_set_q_linear(ctypes.c_void_p(address))
 
 
 def layer_table_width() -> int:

@@ -13,7 +13,6 @@ took or why there is none.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Optional
 
@@ -24,9 +23,6 @@ from swiftk.runtime.ops import native
 
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _NAMES = {v: k for k, v in TYPES.items()}
-_SYMBOLS = ("swk_q_dequant", "swk_q_linear", "swk_q_linear_ld", "swk_q_block_size", "swk_q_type_size", "swk_q_isa",
-            "swk_qi_linear_ld", "swk_qi_linear_ref", "swk_qi_quantize", "swk_qi_isa", "swk_qi_repack",
-            "swk_qi_unpack_rows")
 ACTIVATIONS = ("int8", "float32")   # the activation arithmetic of a block matmul (act=...)
 INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu/cpu_qdot.cpp
 _ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
@@ -42,21 +38,7 @@ def _load() -> None:
     if lib is None:
         _why = native.why()
         return
-    missing = [name for name in _SYMBOLS if not hasattr(lib, name)]
-    if missing:
-        _why = f"the kernel library lacks {', '.join(missing)}"
-        return
-    i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.swk_q_dequant.argtypes = [ctypes.c_int, p, i64, p]
-    lib.swk_q_linear.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p]
-    lib.swk_q_linear_ld.argtypes = [p, i64, i64, p, ctypes.c_int, i64, p, i64]
-    lib.swk_qi_linear_ld.argtypes = lib.swk_qi_linear_ref.argtypes = lib.swk_q_linear_ld.argtypes
-    lib.swk_qi_quantize.argtypes = [p, i64, i64, ctypes.c_int, p, p]
-    lib.swk_qi_repack.argtypes = [ctypes.c_int, p, i64, i64, p]
-    lib.swk_qi_unpack_rows.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
-    for name in _SYMBOLS:
-        getattr(lib, name).restype = ctypes.c_int
-    lib.swk_q_block_size.argtypes = lib.swk_q_type_size.argtypes = [ctypes.c_int]
+    # the ABI is typed by ops/cpu_abi.py as the library loads
     _lib, _why = lib, ""
 
 
@@ -265,12 +247,6 @@ def _panels_into(xf: torch.Tensor, raw: torch.Tensor, qtype, K: int, out: torch.
         rows = raw[r0:r0 + _PANEL]
         wf = dequant(qtype, rows, rows.shape[0] * K).view(rows.shape[0], K)
         out[:, r0:r0 + rows.shape[0]].copy_(xf @ wf.T)
-
-
-def linear_address() -> int:
-    """The address of ``swk_q_linear_ld``, for kernels/cpu/cpu_decode.cpp's fused loop (swk_set_q_linear)."""
-    _need()
-    return ctypes.cast(_lib.swk_q_linear_ld, ctypes.c_void_p).value
 
 
 def _check(rc: int, what: str) -> None:

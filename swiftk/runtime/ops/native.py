@@ -9,7 +9,7 @@ Where it comes from, in order:
    for the ISA variants of kernels/cpu/variants.json it was asked for (default: the installing machine's own,
    ``native``). The best variant this CPU can run is loaded, if its bytes match the install's manifest and it was
    built from the sources beside it (an edited checkout falls through to 2).
-2. **Compiled at first use**, once per machine: ``g++ -O3 -march=native`` (``$CXX`` if set), the translation units
+2. **Compiled at first use**, once per machine: ``g++ -O3 -march=native`` (``$CXX`` if set; GCC with ``--param=max-combine-insns=2``, as the install), the translation units
    in parallel, into ``$SWIFTK_KERNEL_CACHE`` (default ``~/.cache/swiftk-kernels``) under a name that hashes the
    sources, flags, compiler and CPU; a line says so, and how long it took. Written under a temporary name, then
    renamed, with a sidecar of its size and sha256 checked before every load.
@@ -40,7 +40,7 @@ import torch
 from swiftk.atomic import write_json_atomic
 from swiftk.errors import SwiftkError, warn
 from swiftk.files import read_bytes, read_json
-from swiftk.runtime.ops import kernel_id
+from swiftk.runtime.ops import cpu_abi, kernel_id
 from swiftk.runtime.ops.kernel_id import cpu_id as _cpu_id   # a name tests replace
 
 MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
@@ -48,10 +48,10 @@ ENV_VAR = "SWIFTK_CPU_KERNELS"
 CACHE_VAR = "SWIFTK_KERNEL_CACHE"
 FLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-std=c++17", "-pipe"]
 # the translation units (setup.py / CMakeLists.txt build the same), then the files they include (part of the key)
-SOURCES = ("cpu_decode.cpp", "cpu_quant.cpp", "cpu_qdot.cpp", "cpu_qdot_q4.cpp", "cpu_qdot_q58.cpp",
-           "cpu_qdot_q4k.cpp", "cpu_qdot_q5k.cpp", "cpu_qdot_q6k.cpp", "cpu_pool.cpp")
-INCLUDES = ("cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_gguf.h", "cpu_simd.h", "cpu_pool.h",
-            "cpu_qdot.h")
+SOURCES = ("cpu_decode.cpp", "cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_kv.cpp", "cpu_quant.cpp", "cpu_qdot.cpp",
+           "cpu_qdot_q4.cpp", "cpu_qdot_q58.cpp", "cpu_qdot_q4k.cpp", "cpu_qdot_q5k.cpp", "cpu_qdot_q6k.cpp",
+           "cpu_pool.cpp")
+INCLUDES = ("cpu_gguf.h", "cpu_simd.h", "cpu_pool.h", "cpu_qdot.h")
 STEM = "swiftk_cpu"
 INSTALLED = Path(__file__).resolve().parents[2] / "_native"   # swiftk/_native/
 
@@ -210,6 +210,8 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     """The library built with ``flags`` into ``out_dir`` (default :func:`kernel_cache`), or the one already there;
     returns its path. The translation units compile in parallel, one compiler per core."""
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "Free Software Foundation" in version:   # GCC: as kernels/cpu/CMakeLists.txt (half the compile time)
+        flags = [*flags, "--param=max-combine-insns=2"]
     texts = [source_path(n).read_text() for n in (*SOURCES, *INCLUDES)]
     key = hashlib.sha256("\0".join([*texts, " ".join(flags), version, _cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else kernel_cache()
@@ -225,7 +227,7 @@ def build(cxx: str, flags=FLAGS, out_dir: Optional[Path] = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.so"
     objs = [out_dir / f".{STEM}-{key}.{os.getpid()}.{threading.get_ident()}.{i}.o" for i in range(len(SOURCES))]
-    print(f"swiftk: compiling the CPU kernels for this machine (once; ~1 min on 2 cores) into {out_dir} ...",
+    print(f"swiftk: compiling the CPU kernels for this machine (once; ~30 s on 2 cores) into {out_dir} ...",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
@@ -316,8 +318,11 @@ def library() -> Optional[ctypes.CDLL]:
                     if e.loud:
                         warn(f"swiftk: CPU kernels unavailable, using torch: {_why}", RuntimeWarning)
                     return None
-                lib.swk_set_threads.argtypes, lib.swk_set_threads.restype = [ctypes.c_int], ctypes.c_int
-                lib.swk_pool_workers.restype = ctypes.c_int
+                missing = cpu_abi.bind(lib)
+                if missing:
+                    _why = f"the kernel library lacks {', '.join(missing)} ({_source})"
+                    warn(f"swiftk: CPU kernels unavailable, using torch: {_why}", RuntimeWarning)
+                    return None
                 _lib, _why = lib, ""
                 sync_threads()
     return _lib
