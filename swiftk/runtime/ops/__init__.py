@@ -75,7 +75,7 @@ def _select(dev: torch.device) -> tuple[dict, dict]:
     if req == "torch":
         return impl, chosen
     if req is None and dev.type == "cpu":
-        from . import cpu_kv
+        from . import cpu_kv   # lazy: only a CPU device reaches it (its available() loads the kernel library)
 
         if cpu_kv.available():
             impl["kv_commit"], chosen["kv_commit"] = cpu_kv.kv_commit, "cpu"
