@@ -113,14 +113,16 @@ def test_stops_and_lengths_leave_the_batch_mid_way(eng):
 
 
 def test_a_failing_or_cancelled_call_leaves_the_others_unchanged(eng):
-    """One request's proposer raises on its fifth round, another is cancelled after a few tokens: they end (with the
-    error, or finish_reason "cancelled") and the others' tokens are those they get alone."""
+    """One request's proposer raises, another is cancelled after a few tokens: they end (with the error, or
+    finish_reason "cancelled") and the others' tokens are those they get alone. The proposer raises the first time
+    it is consulted: whether later rounds of a batch consult it depends on the pass costs measured as it runs (a
+    fifth consultation did not always come within 30 tokens on a loaded machine)."""
     class Breaks:
         calls = 0
 
         def propose(self, tokens):
             self.calls += 1
-            if self.calls == 5:
+            if self.calls == 1:
                 raise RuntimeError("proposer broke")
             return []
 
