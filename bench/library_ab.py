@@ -69,7 +69,7 @@ CHILD = textwrap.dedent(r"""
 
 def build(rev: str, opt: str, root: Path) -> tuple:
     """(install folder, compile seconds) of kernels/cpu at ``rev`` ("WORKTREE": the files on disk) built with ``opt``."""
-    from swiftk.runtime.ops import kernel_id
+    from swiftk.runtime.ops import kernel_id, native
 
     src = root / "src"
     if rev == "WORKTREE":
@@ -89,15 +89,10 @@ def build(rev: str, opt: str, root: Path) -> tuple:
     subprocess.run(["cmake", "--build", str(tmp), "-j", str(os.cpu_count() or 2)], check=True, capture_output=True)
     secs = time.perf_counter() - t0
     lib = out / "swiftk_cpu-native.so"
-    import hashlib
-
-    data = lib.read_bytes()
     # the manifest names the worktree's sources: the loader accepts the library whatever revision it came from
-    from swiftk.runtime.ops import native
-
     (out / "manifest.json").write_text(json.dumps({
         "sources": native.sources_digest(), "cpu": kernel_id.cpu_id(),
-        "variants": {"native": {"file": lib.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}))
+        "variants": {"native": {"file": lib.name, **native._digest(lib)}}}))
     return out, secs
 
 
