@@ -4,7 +4,7 @@ one process (the timings interleaved, so the machine's moods hit both arms alike
     python -m bench.attention --model smollm2-135m --contexts 128,512,1024,2048 --tokens 4,8,16,25
 
 Per context (tokens already in the cache) and pass size T: milliseconds of a pass of T tokens (a causal chain, the
-model's default weights, best of ``--reps``) with ``cpu_linear.set_attention_tiles`` on and off, their ratio, and a
+model's default weights, best of ``--reps``) with ``cpu_layers.set_attention_tiles`` on and off, their ratio, and a
 plain step for scale. Both arms give the same bits (tests/test_cpu_decode.py checks it). Writes
 ``attention_<model>_<date>.md`` and ``.json`` under ``--out``.
 """
@@ -43,11 +43,11 @@ def main(argv=None) -> int:
     if not contexts or not sizes or min(contexts) < 1 or min(sizes) < 1 or max(sizes) > 64 or a.reps < 2:
         ap.error("--contexts >= 1, --tokens in 1..64, --reps >= 2")
     import swiftk
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_layers, cpu_linear
 
     try:
         threads = set_threads(a.threads)
-        if not cpu_linear.fused_active():
+        if not cpu_layers.fused_active():
             raise SwiftkError(f"the fused CPU layer loop is unavailable: {cpu_linear.status()}")
         eng = swiftk.load(a.model, persist=False)
         eng.corpus(wait=True)   # no corpus build beside a timing
@@ -68,13 +68,13 @@ def main(argv=None) -> int:
             for T in [1] + sizes:
                 tok, pos = torch.full((T,), 5), torch.arange(ctx, ctx + T)
                 for tiles in ((True,) if T == 1 else (True, False)):
-                    cpu_linear.set_attention_tiles(tiles)
+                    cpu_layers.set_attention_tiles(tiles)
                     t0 = time.perf_counter()
                     m.forward(tok, pos, pos, cache)
                     dt = time.perf_counter() - t0
                     if r:   # the first round warms up
                         best[(T, tiles)] = min(best.get((T, tiles), float("inf")), dt)
-        cpu_linear.set_attention_tiles(True)
+        cpu_layers.set_attention_tiles(True)
         step = best[(1, True)]
         out[ctx] = {"step_ms": step * 1e3, **{f"T{T}": {"tiles_ms": best[(T, True)] * 1e3,
                                                         "per_token_ms": best[(T, False)] * 1e3} for T in sizes}}

@@ -30,7 +30,7 @@ SMOLLM2_HEAD = "Q8_0:576x49152"
 def _build(rev: str, out: Path, opt: str = "-O3") -> ctypes.CDLL:
     """The int8-activation kernels of git revision ``rev`` ("WORKTREE": the files on disk): cpu_qdot*.cpp (one file
     before the K formats got units of their own), the pool and every header, built with FLAGS."""
-    from swiftk.runtime.ops.cpu_linear import FLAGS
+    from swiftk.runtime.ops.native import FLAGS
 
     src = out / rev.replace("/", "_").replace("~", "_")
     src.mkdir(parents=True)

@@ -5,7 +5,7 @@
 Configurations (one process, measurements interleaved so machine noise hits them alike):
 - ``torch-fp32``: float32 weights, torch's matmul (the runtime before kernels/cpu/cpu_linear.cpp; SWIFTK_CPU_KERNELS=0)
 - ``linear-fp32``: float32 weights, swiftk's CPU matmul kernel, the other ops of each layer one by one in torch
-  (the runtime before kernels/cpu/cpu_decode.cpp; ``cpu_linear.set_fused(False)``)
+  (the runtime before kernels/cpu/cpu_decode.cpp; ``cpu_layers.set_fused(False)``)
 - ``kernel-fp32``: float32 weights, the fused C layer loop (kernels/cpu/cpu_decode.cpp) with swiftk's CPU matmul
   kernel (the default)
 - ``kernel-wbf16`` / ``kernel-wint8``: ``weights="bfloat16"`` / ``"int8"`` (rounded target models, opt-in)
@@ -48,10 +48,10 @@ ACTS = {"kernel-native-f32": "float32", "kernel-native": "int8"}
 
 def use(config: str) -> None:
     """Switch this process's CPU paths to ``config``'s (the three float32 configurations share one engine)."""
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_layers, native
 
-    cpu_linear.set_enabled(config != "torch-fp32")
-    cpu_linear.set_fused(config not in ("torch-fp32", "linear-fp32"))
+    native.set_enabled(config != "torch-fp32")
+    cpu_layers.set_fused(config not in ("torch-fp32", "linear-fp32"))
 
 
 def read_bandwidth(mb: int = 512, reps: int = 5) -> float:
@@ -134,7 +134,7 @@ def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
     """Seconds (best of ``reps``) of a ``P``-token prefill with logits for the last token (what generate runs), per
     configuration (the fused ones also op by op in torch, as ``NAME op by op``: the C loop's gain) and for llama.cpp
     (``Llama.eval``, its own batching) when given: the time to first token."""
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_layers
 
     ids = torch.arange(P) % 1000 + 100
     best = {}
@@ -142,7 +142,7 @@ def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
         for name, fused in ((c, None), *([(f"{c} op by op", False)] if c.startswith("kernel") else [])):
             use(c)
             if fused is not None:
-                cpu_linear.set_fused(fused)
+                cpu_layers.set_fused(fused)
             cache = eng.model.new_cache(P + 8)
             for r in range(reps):
                 cache.reset()

@@ -12,7 +12,7 @@ from .loading.loaders import load_checkpoint
 from .loading.registry import DEFAULT_MODEL, MODELS, resolve_model
 from .options import load_time
 from .runtime.model import WEIGHT_FORMATS, check_device_dtype, resolve_device, resolve_dtype
-from .runtime.ops import cpu_linear, cpu_quant
+from .runtime.ops import cpu_quant, native
 from .runtime.ops.cpu_quant import ACTIVATIONS
 
 _engines: dict = {}
@@ -89,7 +89,7 @@ def resolve_weights(weights, device, dtype):
     if weights is not None and weights not in WEIGHT_FORMATS + ("float32",):
         raise SwiftkError(f"weights={weights!r}: use one of None, float32, {', '.join(WEIGHT_FORMATS)}")
     if weights is None and device.type == "cpu" and dtype == torch.float32:
-        if cpu_linear.active() and cpu_quant.available():
+        if native.active() and cpu_quant.available():
             return "auto"
     return None if weights == "float32" else weights
 

@@ -26,7 +26,7 @@ from .decoding.output import GenerationResult, stream_pieces
 from .decoding.passes import autoregressive, full_logits, timed_passes
 from .decoding.prefix import may_reuse
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
-from .runtime.ops import cpu_linear, describe
+from .runtime.ops import cpu_layers, cpu_linear, describe
 from .proposers.datastore import EngineCorpus
 from .proposers.draft_head import engine_draft_head
 from .proposers.draft_model import load_draft_model
@@ -322,7 +322,7 @@ class Engine(EngineCorpus, Calls):
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
                 "layer_loop": (f"fused C loop (kernels/cpu/cpu_decode.cpp), passes of <= {KERNEL_MAX_ROWS} tokens "
                                "(longer causal prefills in passes of that size)"
-                               if self.model.fused_ok and cpu_linear.fused_active() else "torch, op by op"),
+                               if self.model.fused_ok and cpu_layers.fused_active() else "torch, op by op"),
                 "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
                 "draft_model": getattr(self.resource("draft_model"), "info", None),
                 "cuda_graphs": self.model.graphs.info() if self.model.graphs is not None else None,

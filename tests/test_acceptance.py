@@ -187,7 +187,7 @@ def test_greedy_matches_naive_on_random_trees_with_many_duplicates():
 def test_greedy_path_kernel_matches_naive_on_random_trees(V):
     """The loop's CPU acceptance (one call, kernels/cpu/cpu_topk.cpp: it reduces only accepted nodes' rows) against
     the naive walk over torch.argmax: duplicate siblings, tied scores (lowest index wins), NaN rows (NaN first)."""
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_accept, cpu_linear
 
     if not cpu_linear.available():
         pytest.skip("CPU kernels unavailable on this host")
@@ -202,9 +202,9 @@ def test_greedy_path_kernel_matches_naive_on_random_trees(V):
         # tokens: each node's parent's argmax half the time, so paths run deep
         tokens = [top[p] if p >= 0 and bool(torch.rand(1, generator=g) < 0.5) else
                   int(torch.randint(0, min(V, 3), (1,), generator=g)) for p in parents]
-        assert cpu_linear.greedy_path(x, parents, tokens) == naive_greedy(parents, tokens, top), trial
+        assert cpu_accept.greedy_path(x, parents, tokens) == naive_greedy(parents, tokens, top), trial
     with pytest.raises(SwiftkError, match="greedy_path"):
-        cpu_linear.greedy_path(torch.zeros(3, V), [-1, 2, 0], [0, 0, 0])   # a parent after its child
+        cpu_accept.greedy_path(torch.zeros(3, V), [-1, 2, 0], [0, 0, 0])   # a parent after its child
 
 
 def test_accept_nodes_rejects_scores_of_another_tree():

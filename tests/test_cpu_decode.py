@@ -6,7 +6,7 @@ import torch
 from swiftk.runtime.config import from_hf_config
 from swiftk.errors import SwiftkError
 from swiftk.runtime.model import Model, TreeMask
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_layers, cpu_linear
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernels unavailable: {cpu_linear.status()}")
@@ -29,18 +29,18 @@ def _model(arch="llama", weights=None, seed=0, **over):
 
 @pytest.fixture
 def fused_switch():
-    yield cpu_linear.set_fused
-    cpu_linear.set_fused(True)
+    yield cpu_layers.set_fused
+    cpu_layers.set_fused(True)
 
 
 def _both(m, fn):
     """fn(cache) on a fresh cache, op by op and fused: (logits, cache) of each."""
     out = []
     for fused in (False, True):
-        cpu_linear.set_fused(fused)
+        cpu_layers.set_fused(fused)
         cache = m.new_cache(64)
         out.append((fn(cache), cache.data.clone()))
-    cpu_linear.set_fused(True)
+    cpu_layers.set_fused(True)
     return out
 
 
@@ -131,11 +131,11 @@ def test_tree_rows_equal_single_steps_over_a_long_context(fused_switch, over):
         tree = []
         for k, tiles in ((1, True), (2, True), (2, False)):
             torch.set_num_threads(k)
-            cpu_linear.set_attention_tiles(tiles)
+            cpu_layers.set_attention_tiles(tiles)
             tree.append(m.forward(toks, n + depth, torch.arange(n, n + T), cache, attn_mask=TreeMask.of(n, anc)))
     finally:
         torch.set_num_threads(threads)
-        cpu_linear.set_attention_tiles(True)
+        cpu_layers.set_attention_tiles(True)
     assert torch.equal(tree[0], tree[1]) and torch.equal(tree[0], tree[2])
     for i in range(T):   # the tree's KV is in place: token i alone, seeing the prefix and its ancestors
         vis = torch.cat([torch.ones(n, dtype=torch.bool), anc[i]])[None]
@@ -179,13 +179,13 @@ def test_fused_path_serves_passes_and_causal_prefills(fused_switch, monkeypatch)
     prefill as passes of 64; a longer pass with its own mask, or the switch off, runs op by op in torch."""
     m = _model()
     calls = []
-    real = cpu_linear.layers_fn
+    real = cpu_layers.layers_fn
 
     def spy():
         calls.append(1)
         return real()
 
-    monkeypatch.setattr(cpu_linear, "layers_fn", spy)
+    monkeypatch.setattr(cpu_layers, "layers_fn", spy)
     cache = m.new_cache(160)
     m.forward(torch.arange(70) % 90, torch.arange(70), torch.arange(70), cache)   # prefill: 64 + 6
     assert len(calls) == 2
@@ -211,10 +211,10 @@ def test_a_prefill_is_the_prompt_decoded_token_by_token(fused_switch, over):
     pos, last = torch.arange(P), torch.tensor([P - 1])
     out = []
     for fused in (False, True):
-        cpu_linear.set_fused(fused)
+        cpu_layers.set_fused(fused)
         cache = m.new_cache(P + 8)
         out.append((m.forward(ids, pos, pos, cache, logits_idx=last), cache.data.clone()))
-    cpu_linear.set_fused(True)
+    cpu_layers.set_fused(True)
     (ref, kv_ref), (got, kv_got) = out
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kv_got[..., :P, :], kv_ref[..., :P, :], atol=1e-4, rtol=1e-4)
@@ -249,7 +249,7 @@ def call_layer_loop(m, cache, table, wtypes, T: int = 2) -> int:
     cos, sin = torch.ones(T, hd // 2), torch.zeros(T, hd // 2)
     vis = torch.ones(T, T, dtype=torch.uint8).tril().contiguous()
     h = torch.randn(T, c.hidden_size)
-    return cpu_linear.layers_fn()(n, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
+    return cpu_layers.layers_fn()(n, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
                                   c.n_kv_heads, hd, c.intermediate_size, c.rms_eps, 1.0, cache.max_slots,
                                   slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1)
 

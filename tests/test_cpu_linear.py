@@ -4,7 +4,7 @@ import torch
 
 from swiftk.errors import SwiftkError
 from swiftk.runtime.model import QWeight
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear, native
 from swiftk.runtime.ops import reference as R
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernel unavailable: {cpu_linear.status()}")
@@ -83,16 +83,16 @@ def test_quantize_round_trip():
 
 
 def test_disabled_by_env(monkeypatch):
-    monkeypatch.setenv(cpu_linear.ENV_VAR, "0")
-    cpu_linear.reset()
+    monkeypatch.setenv(native.ENV_VAR, "0")
+    native.reset()
     try:
         assert not cpu_linear.available()
         assert "SWIFTK_CPU_KERNELS=0" in cpu_linear.status()
         with pytest.raises(SwiftkError, match="unavailable"):
             cpu_linear.linear(torch.randn(1, 4), torch.randn(2, 4))
     finally:
-        monkeypatch.delenv(cpu_linear.ENV_VAR)
-        cpu_linear.reset()
+        monkeypatch.delenv(native.ENV_VAR)
+        native.reset()
     assert cpu_linear.available()
 
 
@@ -103,9 +103,9 @@ def test_failed_build_falls_back_with_reason(monkeypatch, tmp_path):
     bad.write_text("#!/bin/sh\necho 'bad-cxx 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'no such luck' >&2\nexit 1\n")
     bad.chmod(0o755)
     monkeypatch.setenv("CXX", str(bad))
-    monkeypatch.setenv(cpu_linear.ENV_VAR, "build")
+    monkeypatch.setenv(native.ENV_VAR, "build")
     monkeypatch.setenv("SWIFTK_KERNEL_CACHE", str(tmp_path / "kernels"))
-    cpu_linear.reset()
+    native.reset()
     try:
         with pytest.warns(RuntimeWarning, match="no such luck"):
             assert not cpu_linear.available()
@@ -113,5 +113,5 @@ def test_failed_build_falls_back_with_reason(monkeypatch, tmp_path):
         assert not list((tmp_path / "kernels").glob("*"))   # nothing half-written left
     finally:
         monkeypatch.delenv("CXX")
-        monkeypatch.delenv(cpu_linear.ENV_VAR)
-        cpu_linear.reset()
+        monkeypatch.delenv(native.ENV_VAR)
+        native.reset()

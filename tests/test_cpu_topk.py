@@ -1,9 +1,9 @@
-"""kernels/cpu/cpu_topk.cpp (swiftk.runtime.ops.cpu_linear.topk_rows) against torch: argmax exactly (first maximal index, NaN
+"""kernels/cpu/cpu_topk.cpp (swiftk.runtime.ops.cpu_topk.topk_rows) against torch: argmax exactly (first maximal index, NaN
 first), top-k as a stable sort by (value descending, index)."""
 import pytest
 import torch
 
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_linear, cpu_topk
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="CPU kernels unavailable on this host")
 
@@ -22,7 +22,7 @@ def _reference(x: torch.Tensor, k: int) -> torch.Tensor:
 def test_matches_torch(V, k):
     g = torch.Generator().manual_seed(V * 10 + k)
     x = torch.randn(5, V, generator=g)
-    got = cpu_linear.topk_rows(x, k)
+    got = cpu_topk.topk_rows(x, k)
     assert torch.equal(got[:, 0], x.argmax(dim=-1))
     assert torch.equal(got, _reference(x, k) if V <= 100 else x.topk(k, dim=-1).indices)
 
@@ -36,21 +36,21 @@ def test_ties_nan_and_infinities():
     x[2, [5, 200]] = float("nan")
     x[3, 299] = float("nan")
     for k in (1, 3, 8):
-        assert torch.equal(cpu_linear.topk_rows(x, k), _reference(x, k))
-    assert torch.equal(cpu_linear.topk_rows(x, 1)[:, 0], x.argmax(dim=-1))
+        assert torch.equal(cpu_topk.topk_rows(x, k), _reference(x, k))
+    assert torch.equal(cpu_topk.topk_rows(x, 1)[:, 0], x.argmax(dim=-1))
 
 
 def test_one_row_and_views():
     x = torch.randn(3, 1000)[:, ::2]   # not contiguous: copied, same answer
-    assert torch.equal(cpu_linear.topk_rows(x, 4), x.topk(4, dim=-1).indices)
-    assert torch.equal(cpu_linear.topk_rows(x[1], 1), x[1].argmax().reshape(1))
+    assert torch.equal(cpu_topk.topk_rows(x, 4), x.topk(4, dim=-1).indices)
+    assert torch.equal(cpu_topk.topk_rows(x[1], 1), x[1].argmax().reshape(1))
 
 
 def test_bad_arguments_fall_back_or_raise():
     x = torch.randn(2, 10)
-    assert torch.equal(cpu_linear.topk_rows(x.double(), 2), x.double().topk(2, dim=-1).indices)   # torch path
+    assert torch.equal(cpu_topk.topk_rows(x.double(), 2), x.double().topk(2, dim=-1).indices)   # torch path
     with pytest.raises(RuntimeError):
-        cpu_linear.topk_rows(x, 11)   # torch's own error for k > V
+        cpu_topk.topk_rows(x, 11)   # torch's own error for k > V
 
 
 def _reference_np(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -83,7 +83,7 @@ def test_long_rows_split_across_threads_keep_the_order(V):
         for threads in (1, 2, 3, 4):
             torch.set_num_threads(threads)
             for k, ref in want.items():
-                assert torch.equal(cpu_linear.topk_rows(x, k), ref), (threads, k)
+                assert torch.equal(cpu_topk.topk_rows(x, k), ref), (threads, k)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(want[1][:, 0], x.argmax(dim=-1))

@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(r"""
     from swiftk.runtime.ops import native
     native.INSTALLED = Path(sys.argv[1])
     import swiftk
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import cpu_topk
     prompt = "def fibonacci(n):"
     eng = swiftk.load(sys.argv[2], persist=False)   # int8 activations on the file's blocks, the default
     ar = eng.generate(prompt, max_new_tokens=24, method="autoregressive").token_ids
@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(r"""
     x[1, 17] = float("nan")
     x[2, :] = 0.5                      # ties: the lower index first
     x[3, 999] = 1e9
-    top = cpu_linear.topk_rows(x, 8)
+    top = cpu_topk.topk_rows(x, 8)
     def ref_row(r):   # torch.topk's order: NaN first, then larger, equal values by lower index
         r = r.tolist()
         return sorted(range(len(r)), key=lambda i: (r[i] == r[i], -r[i] if r[i] == r[i] else 0.0, i))[:8]

@@ -75,11 +75,11 @@ def test_the_compiled_walk_is_the_python_walk():
 def test_the_walk_never_builds_the_kernel_library(monkeypatch):
     """A corpus source on an engine that never loaded the CPU library (a GPU engine) walks in Python: building the
     library inside a decode call would stall it for tens of seconds."""
-    from swiftk.runtime.ops import cpu_linear
+    from swiftk.runtime.ops import native
 
-    monkeypatch.setattr(cpu_linear, "_fn", None)
-    monkeypatch.setattr(cpu_linear, "_why", None)
-    monkeypatch.setattr(cpu_linear, "_ensure", lambda: pytest.fail("built or loaded the library"))
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_why", None)
+    monkeypatch.setattr(native, "_open", lambda: pytest.fail("built or loaded the library"))
     ds = Datastore.build([1, 2, 3, 4, 9] * 5)
     assert ds.propose([7, 1, 2], 4) == ([3, 4, 9, 1], ds.walk([7, 1, 2], 4)[1]) and ds._compiled() is False
 

@@ -13,7 +13,7 @@ import torch
 
 from swiftk.runtime.config import from_hf_config
 from swiftk.runtime.model import Model
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_layers
 from swiftk.runtime.ops import reference as reference_ops
 from swiftk.runtime.weights import QWeight
 
@@ -57,11 +57,11 @@ def _write_step(m: Model, d: Path, prefix: list, token: int, tol: float) -> torc
     cache = m.new_cache(n + 3)
     m.forward(torch.tensor(prefix), torch.arange(n), torch.arange(n), cache)
     kv = cache.data.clone()   # slots [0, n); the step itself writes slot n
-    cpu_linear.set_fused(False)
+    cpu_layers.set_fused(False)
     try:
         logits = m.forward(torch.tensor([token]), torch.tensor([n]), torch.tensor([n]), cache)[0]
     finally:
-        cpu_linear.set_fused(True)
+        cpu_layers.set_fused(True)
     w0 = m.layers[0].wqkv
     wtype = 2 if isinstance(w0, QWeight) else 1 if w0.dtype == torch.bfloat16 else 0   # swiftk_cpu.h's SWK_W_*
     manifest = dict(n_layers=c.n_layers, hidden=c.hidden_size, heads=c.n_heads, kv_heads=c.n_kv_heads,

@@ -6,7 +6,7 @@ import torch
 
 import swiftk
 import swiftk.runtime.model as model_mod
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_layers
 from swiftk.cli import main as cli_main
 from swiftk.proposers.draft_loop import draft
 from swiftk.errors import SwiftkError
@@ -112,11 +112,11 @@ def test_kvq_verify_skips_layers_below_boundary_for_drafted_spine(eng_f32, stati
                        topk_bins=GREEDY_TOPK, boundary=boundary)
         tree = build_tree(ids[-1], levels, P - 1, 64, m.device)
         counter = _RowCounter(monkeypatch)
-        cpu_linear.set_fused(False)   # the row counter sees the op-by-op loop's matmuls (the fused one calls C)
+        cpu_layers.set_fused(False)   # the row counter sees the op-by-op loop's matmuls (the fused one calls C)
         try:
             logits = verify(m, cache, tree, levels, boundary)
         finally:
-            cpu_linear.set_fused(True)
+            cpu_layers.set_fused(True)
         monkeypatch.undo()
         return tree, counter, logits
 

@@ -12,7 +12,7 @@ import swiftk
 from swiftk.errors import SwiftkError
 from swiftk.loading.loaders import load_checkpoint
 from swiftk.runtime.model import Model
-from swiftk.runtime.ops import cpu_linear, cpu_quant
+from swiftk.runtime.ops import cpu_layers, cpu_quant
 from swiftk.runtime.weights import BlockWeight
 from test_loaders import llama_permute, tiny_vocab
 
@@ -139,12 +139,12 @@ def test_native_equals_the_dequantized_float32_path(files, fmt, fused):
     if fmt == "mixed":
         assert [int(t) for t in nat.layers[0].wqkv.types] == [Q.Q4_K, Q.Q6_K]
     ids = [5, 77, 130, 9, 200, 41, 3, 88, 250, 17, 60, 99]
-    was = cpu_linear.fused_active()
-    cpu_linear.set_fused(fused)
+    was = cpu_layers.fused_active()
+    cpu_layers.set_fused(fused)
     try:
         got, want = _run(nat, ids), _run(ref, ids)
     finally:
-        cpu_linear.set_fused(was)
+        cpu_layers.set_fused(was)
     assert torch.isfinite(want).all() and want.abs().max() > 1.0
     # float32 accumulation in another order: errors far below the logits' spread
     err = (got - want).abs().max() / want.abs().max()
@@ -162,14 +162,14 @@ def test_int8_activations_are_close_to_the_float32_path(files, fmt):
     nat, ref = _models(path, "int8")
     assert nat.activations == "int8" and all(m.act == "int8" for Lr in nat.layers for m in (Lr.wqkv, Lr.w_down))
     ids = [5, 77, 130, 9, 200, 41, 3, 88, 250, 17, 60, 99]
-    was = cpu_linear.fused_active()
+    was = cpu_layers.fused_active()
     try:
-        cpu_linear.set_fused(True)
+        cpu_layers.set_fused(True)
         fused = _run(nat, ids)
-        cpu_linear.set_fused(False)
+        cpu_layers.set_fused(False)
         loop = _run(nat, ids)
     finally:
-        cpu_linear.set_fused(was)
+        cpu_layers.set_fused(was)
     want = _run(ref, ids)
     assert (fused - loop).abs().max() / loop.abs().max() < 0.05
     err = (fused - want).abs().max() / want.abs().max()

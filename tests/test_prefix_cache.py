@@ -7,7 +7,7 @@ import torch
 
 import swiftk
 from swiftk.errors import SwiftkError
-from swiftk.runtime.ops import cpu_linear
+from swiftk.runtime.ops import cpu_layers
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +99,12 @@ def test_no_reuse_off_the_fused_layer_loop(engs):
     eng, _ = engs
     p = "A list of the planets of the solar system, in order:"
     try:
-        cpu_linear.set_fused(False)
+        cpu_layers.set_fused(False)
         eng.generate(p, max_new_tokens=6, method="autoregressive")
         assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused == 0
         with pytest.raises(SwiftkError, match="fused C layer loop"):
             eng.generate(p, max_new_tokens=6, prefix_cache=True)
     finally:
-        cpu_linear.set_fused(True)
+        cpu_layers.set_fused(True)
     assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused == 0   # nothing recorded
     assert eng.generate(p, max_new_tokens=6, method="autoregressive").stats.prompt_reused > 0

@@ -38,7 +38,8 @@ from typing import Optional
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.runtime.ops.cpu_linear import greedy_path, topk_rows
+from swiftk.runtime.ops.cpu_accept import greedy_path
+from swiftk.runtime.ops.cpu_topk import topk_rows
 from swiftk.decoding.tree import Tree, _check_parents, ancestor_matrix, depths, validate_tree  # noqa: F401
 
 

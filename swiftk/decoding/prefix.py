@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import SwiftkError
-from ..runtime.ops import cpu_linear
+from ..runtime.ops import cpu_layers
 
 
 def inexact(model) -> Optional[str]:
     """Why reusing this model's KV across calls could change an output (None: it cannot). Asked at every call: the
-    fused loop can be switched off for the process (cpu_linear.set_fused)."""
+    fused loop can be switched off for the process (cpu_layers.set_fused)."""
     if model.device.type != "cpu":
         return f"on {model.device.type} a prefill's rows are not held bit-identical to decoding"
-    if not (model.fused_ok and cpu_linear.fused_active()):
+    if not (model.fused_ok and cpu_layers.fused_active()):
         return ("this engine's passes do not run the fused C layer loop (CPU float32 with the kernels built and on), "
                 "the only path whose prefill rows equal decoding's bit for bit")
     return None

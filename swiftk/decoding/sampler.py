@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from ..errors import SwiftkError
-from ..runtime.ops.cpu_linear import topk_rows
+from ..runtime.ops.cpu_topk import topk_rows
 from ..runtime.sampling import process_logits, validate_sampling_params
 
 MAX_SEED = 2**63 - 1

@@ -64,11 +64,11 @@ class Datastore:
 
     def __init__(self, tables: dict):
         self.tables = tables   # n -> (keys int64 sorted, next token int64, its count int64, key count int64)
-        self._native: object = None   # the compiled walk (cpu_linear.NgramTables), made on first use; False: none
+        self._native: object = None   # the compiled walk (cpu_ngram.NgramTables), made on first use; False: none
 
     def _compiled(self):
         if self._native is None:
-            from ..runtime.ops.cpu_linear import ngram_tables   # where the CPU kernel library is already loaded
+            from ..runtime.ops.cpu_ngram import ngram_tables   # where the CPU kernel library is already loaded
             n = min(MAX_N, len(self.tables))   # the walk's reach (lookup's)
             self._native = ngram_tables({i: self.tables[i] for i in range(1, n + 1)}, BITS) or False
         return self._native

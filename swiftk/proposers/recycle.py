@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import torch
 
-from ..runtime.ops.cpu_linear import topk_into
+from ..runtime.ops.cpu_topk import topk_into
 from .base import Context, FreeSource, best_first
 
 K = 8          # candidates kept per token

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SwiftkError
-from .ops import cpu_linear, native
+from .ops import cpu_layers, native
 from .ops import reference as reference_ops
 from .ops.masks import BoundedMask, TreeMask
 from .weights import KERNEL_MAX_ROWS, fused_layer_table
@@ -44,7 +44,7 @@ class FusedCPULayers:
         table, wtypes = self._fused_table(cache)
         fl = self._fused_flags(flags)
         h = h.contiguous().clone()
-        fn, width = cpu_linear.layers_fn(), table.shape[1]
+        fn, width = cpu_layers.layers_fn(), table.shape[1]
         native.sync_threads()   # the block matmuls inside take the pool's default count
 
         def run(a, b):
@@ -117,7 +117,7 @@ class FusedCPULayers:
         fl = self._fused_flags(self._no_skip)
         h = self.embed_rows(torch.cat([p.tokens for p in parts])).contiguous().clone()
         native.sync_threads()
-        if cpu_linear.layers_multi_fn()(
+        if cpu_layers.layers_multi_fn()(
                 c.n_layers, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
                 c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, self.scale, caches[0].max_slots,
                 slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.contiguous().data_ptr(), S, h.data_ptr(),

@@ -26,7 +26,7 @@ import torch
 from .config import ModelConfig, rope_inv_freq
 from .devices import check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 (re-exported)
 from ..errors import SwiftkError, warn
-from .ops import cpu_linear, cpu_quant, get_ops
+from .ops import cpu_layers, cpu_linear, cpu_quant, get_ops, native
 from .fused import FusedCPULayers
 from .graphs import GraphRunner
 from .kvcache import KVCache
@@ -155,15 +155,15 @@ class Model(FusedCPULayers):
         self._fused_tables: dict = {}
         self._fused_fl = (None, None)
         self._rope_table = None   # (cos, sin) [positions, hd/2] of the fused loop
-        if self.device.type == "cpu" and not _TRANSPOSED and not cpu_linear.active() and weights is None:
+        if self.device.type == "cpu" and not _TRANSPOSED and not native.active() and weights is None:
             with torch.inference_mode():
                 choose_cpu_linear_forms(self.layers[0].w_gate_up)
         if weights == "native":
             if not cpu_quant.available():
                 raise SwiftkError(f'weights="native" needs the CPU block kernel: {cpu_quant.status()}')
-            if not cpu_linear.active():
+            if not native.active():
                 self.fused_ok = False
-        elif weights is not None and not cpu_linear.active():
+        elif weights is not None and not native.active():
 
             warn(f"swiftk: weights={weights!r} without the CPU kernel ({cpu_linear.status()}) runs the "
                  "matmuls through torch after converting the weights every call: slow", RuntimeWarning)
@@ -261,7 +261,7 @@ class Model(FusedCPULayers):
         another."""
         if len({id(p.cache) for p in parts}) != len(parts):
             raise SwiftkError("forward_batch: every part needs a cache of its own")
-        if (len(parts) > 1 and self.fused_ok and self.graphs is None and cpu_linear.fused_active()
+        if (len(parts) > 1 and self.fused_ok and self.graphs is None and cpu_layers.fused_active()
                 and all(p.tokens.shape[0] >= 1 for p in parts)):
             return self._forward_fused_batch(parts)
         return [self.forward(p.tokens, p.positions, p.slots, p.cache, attn_mask=p.mask, logits_idx=p.logits_idx)
@@ -303,7 +303,7 @@ class Model(FusedCPULayers):
             # no weight of the layers it skips).
             last = max((i for i in range(2 * start, 2 * stop) if not flags[i]), default=-1)
             end = last // 2 + 1
-        if self.fused_ok and h.dtype == torch.float32 and cpu_linear.fused_active():
+        if self.fused_ok and h.dtype == torch.float32 and cpu_layers.fused_active():
             if T <= KERNEL_MAX_ROWS:
                 return self._layers_fused(h, start, end, stop, positions, slots, cache, attn_mask, flags, capture)
             if attn_mask is None and bool((slots[1:] > slots[:-1]).all()):   # a causal prefill, in order

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SwiftkError
-from .ops import cpu_linear, cpu_quant
+from .ops import cpu_layers, cpu_linear, cpu_quant, native
 from .ops.cpu_quant import ACTIVATIONS, INT8_ACT, TYPES
 
 
@@ -198,7 +198,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_empty(0, w.shape[0])
     if isinstance(w, BlockWeight):   # the block kernel amortises each block over all T rows; prefills take GEMM
         return cpu_quant.linear_parts(x, w.parts, w.K, w.act)
-    if T <= KERNEL_MAX_ROWS and cpu_linear.active():
+    if T <= KERNEL_MAX_ROWS and native.active():
         return cpu_linear.fast(x, w.q, w.scale) if isinstance(w, QWeight) else cpu_linear.fast(x, w)
     # Prefill-sized passes (MKL's GEMM is compute-efficient there), or no kernel: torch, on float weights.
     if isinstance(w, QWeight):
@@ -262,7 +262,7 @@ def fused_layer_table(layers, cache) -> tuple:
         rows.append(row)
         types.append([wtype(t) for t in (L.wqkv, L.wo, L.w_gate_up, L.w_down)])
     table = torch.tensor(rows, dtype=torch.int64)
-    if table.shape[1] != cpu_linear.layer_table_width():
+    if table.shape[1] != cpu_layers.layer_table_width():
         raise SwiftkError("kernels/cpu/cpu_decode.cpp's layer table does not match swiftk/runtime/weights.py")
     return table, torch.tensor(types, dtype=torch.int32)
 

@@ -1,10 +1,12 @@
 """Op dispatch: the runtime calls ops through the namespace returned by :func:`get_ops`.
 
 Per op the preference is cuda-extension > cupy > triton > torch, by device and availability:
-- CPU: the CPU kernel library's ops where it is loaded (``cpu``: kv_commit, ops/cpu_kv.py; the layer loop and
-  the matmuls run inside the model's fused pass, ops/cpu_linear.py), torch for the rest; other non-CUDA devices:
-  torch. Triton only when forced with SWIFTK_BACKEND=triton, which needs the
-  interpreter (TRITON_INTERPRET=1, set before the first kernel import).
+- CPU: the CPU kernel library's ops where it is loaded (``cpu``: kv_commit, ops/cpu_kv.py), torch for the rest;
+  other non-CUDA devices: torch. Triton only when forced with SWIFTK_BACKEND=triton, which needs the interpreter
+  (TRITON_INTERPRET=1, set before the first kernel import). The library's other ops have one module each, and
+  each falls back to its torch twin by itself: cpu_linear (float matmul) and cpu_quant (block matmul), picked per
+  weight form by runtime/weights.py (the forms live above this layer); cpu_layers (the fused layer loop, driven
+  by runtime/fused.py); cpu_topk; cpu_accept (greedy tree walk); cpu_ngram (the corpus chain walk).
 - CUDA: the swiftk._C kernels where built (tree_attention, kv_commit, fused_add_rmsnorm, rmsnorm), else the same
   CUDA sources compiled at first use through CuPy/NVRTC (swiftk/runtime/ops/cupy_ops.py), Triton for the rest (or
   everything when neither is there), torch when Triton is missing too.

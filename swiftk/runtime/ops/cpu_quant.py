@@ -13,8 +13,6 @@ took or why there is none.
 """
 from __future__ import annotations
 
-import threading
-from typing import Optional
 
 import torch
 
@@ -27,71 +25,49 @@ ACTIVATIONS = ("int8", "float32")   # the activation arithmetic of a block matmu
 INT8_ACT = 256                      # SWK_Q_INT8_ACT: a type code with this bit runs kernels/cpu/cpu_qdot.cpp
 _ERRORS = {-1: "null pointer or non-positive size", -2: "unknown type", -3: "size not a multiple of the block size"}
 
-_lock = threading.Lock()
-_lib = None
-_why: Optional[str] = None   # reason the kernel is not available, once decided ("" when it is)
-
-
-def _load() -> None:
-    global _lib, _why
-    lib = native.library()
-    if lib is None:
-        _why = native.why()
-        return
-    # the ABI is typed by ops/cpu_abi.py as the library loads
-    _lib, _why = lib, ""
-
-
-def _ensure() -> bool:
-    if _why is None:
-        with _lock:
-            if _why is None:
-                _load()
-    return _lib is not None
-
-
 def available() -> bool:
     """Whether the kernel is built and loaded (builds it on first call)."""
-    return _ensure()
+    return native.library() is not None
 
 
 def status() -> str:
     """One line: the path the build took (AVX-512, AVX2 or portable C++), or why there is no kernel."""
-    if _ensure():
-        isa = {512: "AVX-512", 256: "AVX2"}.get(_lib.swk_q_isa(), "portable C++")
+    lib = native.library()
+    if lib is not None:
+        isa = {512: "AVX-512", 256: "AVX2"}.get(lib.swk_q_isa(), "portable C++")
         return f"swiftk quant kernels (kernels/cpu/cpu_quant.cpp {isa}; int8 activations kernels/cpu/cpu_qdot.cpp {int_isa()})"
-    return f"unavailable ({_why})"
+    return f"unavailable ({native.why()})"
 
 
 def int_isa() -> str:
     """The path of the int8-activation kernel in this build: "AVX-512 VNNI", "AVX2+VNNI", "AVX2" or "portable C++"."""
-    _need()
-    return {3: "AVX-512 VNNI", 2: "AVX2+VNNI", 1: "AVX2"}.get(int(_lib.swk_qi_isa()), "portable C++")
+    return {3: "AVX-512 VNNI", 2: "AVX2+VNNI", 1: "AVX2"}.get(int(_need().swk_qi_isa()), "portable C++")
 
 
 def pairs_rows() -> bool:
     """True when this build's int8-activation kernel multiplies a pass's activation rows two at a time (AVX-512
     VNNI, every pass of 2 rows or more): a pass of an odd T >= 3 then costs about what T + 1 costs."""
-    _need()
-    return int(_lib.swk_qi_isa()) == 3
+    return int(_need().swk_qi_isa()) == 3
 
 
 def isa() -> int:
     """512, 256 or 0 (portable): the vector path of the loaded build."""
-    _need()
-    return int(_lib.swk_q_isa())
+    return int(_need().swk_q_isa())
 
 
-def _need() -> None:
-    if not _ensure():
-        raise SwiftkError(f"CPU quant kernel unavailable: {_why}")
+def _need():
+    """The library, or SwiftkError naming why there is none."""
+    lib = native.library()
+    if lib is None:
+        raise SwiftkError(f"CPU quant kernel unavailable: {native.why()}")
+    return lib
 
 
 def _sizes(qtype) -> tuple:
     """(elements, bytes) per block of ggml type ``qtype`` (an int or a GGMLQuantizationType)."""
-    _need()
+    lib = _need()
     t = int(qtype)
-    bs, ts = _lib.swk_q_block_size(t), _lib.swk_q_type_size(t)
+    bs, ts = lib.swk_q_block_size(t), lib.swk_q_type_size(t)
     if bs < 0:
         raise SwiftkError(f"cpu quant: unsupported ggml type {qtype!r}; supported: "
                           + ", ".join(f"{k}={v}" for k, v in TYPES.items()))
@@ -124,7 +100,7 @@ def dequant(qtype, raw: torch.Tensor, n: int) -> torch.Tensor:
         raise SwiftkError(f"cpu quant: {n} elements of {_NAMES[int(qtype)]} take {n // bs * ts} bytes, "
                           f"raw has {raw.numel()}")
     out = torch.empty(n, dtype=torch.float32)
-    _check(_lib.swk_q_dequant(int(qtype), raw.data_ptr(), n, out.data_ptr()), "dequant")
+    _check(native.library().swk_q_dequant(int(qtype), raw.data_ptr(), n, out.data_ptr()), "dequant")
     return out
 
 
@@ -160,7 +136,8 @@ def linear(x: torch.Tensor, w_raw: torch.Tensor, qtype, K: int, act: str = "floa
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     M, N = xf.shape[0], w_raw.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
-    fn = _lib.swk_qi_linear_ref if reference else _lib.swk_q_linear_ld
+    lib = native.library()
+    fn = lib.swk_qi_linear_ref if reference else lib.swk_q_linear_ld
     if reference and act != "int8":
         raise SwiftkError("cpu quant: reference=True is the int8-activation path's definition (act='int8')")
     if act == "int8" and not reference and not packed:
@@ -179,7 +156,7 @@ def repack(raw: torch.Tensor, qtype, K: int) -> torch.Tensor:
         raise SwiftkError(f"cpu quant: repack needs [N, {K // bs * ts}] bytes of {_NAMES[int(qtype)]} rows, "
                           f"got {tuple(raw.shape)}")
     out = torch.empty_like(raw)
-    _check(_lib.swk_qi_repack(int(qtype), raw.data_ptr(), raw.shape[0], int(K), out.data_ptr()), "repack")
+    _check(native.library().swk_qi_repack(int(qtype), raw.data_ptr(), raw.shape[0], int(K), out.data_ptr()), "repack")
     return out
 
 
@@ -190,7 +167,7 @@ def unpack_rows(packed: torch.Tensor, qtype, K: int, ids: torch.Tensor) -> torch
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(flat.numel(), packed.shape[1], dtype=torch.uint8)
     if flat.numel():
-        _check(_lib.swk_qi_unpack_rows(int(qtype), packed.data_ptr(), packed.shape[0], int(K), flat.data_ptr(),
+        _check(native.library().swk_qi_unpack_rows(int(qtype), packed.data_ptr(), packed.shape[0], int(K), flat.data_ptr(),
                                        flat.numel(), out.data_ptr()), "unpack_rows")
     return out
 
@@ -198,14 +175,14 @@ def unpack_rows(packed: torch.Tensor, qtype, K: int, ids: torch.Tensor) -> torch
 def quantize(x: torch.Tensor, simd: bool = True) -> tuple:
     """(q [M, K] int8, d [M, K / 32] float32): the int8 path's activation quantizer on x [M, K] float32 (blocks of
     32); ``simd=False`` runs its scalar definition (tests hold the two equal)."""
-    _need()
+    lib = _need()
     if (not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] % 32
             or x.shape[0] < 1):
         raise SwiftkError("cpu quant: quantize needs float32 [M, K] with K a multiple of 32")
     xc = x.contiguous()
     q = torch.empty(x.shape, dtype=torch.int8)
     d = torch.empty(x.shape[0], x.shape[1] // 32, dtype=torch.float32)
-    _check(_lib.swk_qi_quantize(xc.data_ptr(), x.shape[0], x.shape[1], int(simd), q.data_ptr(), d.data_ptr()),
+    _check(lib.swk_qi_quantize(xc.data_ptr(), x.shape[0], x.shape[1], int(simd), q.data_ptr(), d.data_ptr()),
            "quantize")
     return q, d
 
@@ -220,7 +197,7 @@ def linear_parts(x: torch.Tensor, parts, K: int, act: str = "float32") -> torch.
     group writing its column slice of one output: by the block kernel of ``act``, or with float32 activations for
     passes of >= ``PANEL_MIN_ROWS`` rows by :func:`_panels_into`. int8: the parts are packed (:func:`repack`). The
     caller has checked the parts (BlockWeight)."""
-    _need()
+    lib = _need()
     native.sync_threads()
     int8 = act == "int8"
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -232,7 +209,7 @@ def linear_parts(x: torch.Tensor, parts, K: int, act: str = "float32") -> torch.
         if M >= PANEL_MIN_ROWS and not int8:
             _panels_into(xf, raw, qtype, int(K), y[:, col:col + raw.shape[0]])
         else:
-            _check(_lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype) | (INT8_ACT * int8),
+            _check(lib.swk_q_linear_ld(xf.data_ptr(), M, int(K), raw.data_ptr(), int(qtype) | (INT8_ACT * int8),
                                         raw.shape[0], base + 4 * col, N), "linear")
         col += raw.shape[0]
     return y
@@ -254,11 +231,3 @@ def _check(rc: int, what: str) -> None:
         raise SwiftkError(f"cpu quant {what}: out of memory for the kernel's buffers")
     if rc != 0:
         raise SwiftkError(f"cpu quant {what}: kernel rejected its arguments ({_ERRORS.get(rc, rc)})")
-
-
-def reset() -> None:
-    """Forget the load decision (tests: after changing SWIFTK_CPU_KERNELS); the library's too."""
-    global _lib, _why
-    with _lock:
-        native.reset()
-        _lib, _why = None, None

@@ -60,6 +60,7 @@ _lib: Optional[ctypes.CDLL] = None
 _why: Optional[str] = None   # why there is no library, once decided ("" when there is one)
 _threads = 0                 # the thread count last given to the library's pool
 _source = ""                 # which library was loaded, for status lines
+_enabled = True              # set_enabled(False): torch serves the float ops
 
 
 class KernelUnavailable(Exception):
@@ -326,6 +327,23 @@ def library() -> Optional[ctypes.CDLL]:
                 _lib, _why = lib, ""
                 sync_threads()
     return _lib
+
+
+def set_enabled(on: bool) -> None:
+    """Switch the library's float ops (matmul, layer loop, top-k, acceptance walk, n-gram walk) off or on for this
+    process: off, torch serves them (benchmarks' A/B, tests). The block-quant matmuls have no torch path and stay."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def active() -> bool:
+    """The float ops' check per call: switched on and the library loaded (built on first call)."""
+    return _enabled and (_lib is not None if _why is not None else library() is not None)
+
+
+def loaded() -> Optional[ctypes.CDLL]:
+    """The library where it is already loaded and switched on, else None: never a build (a decode call uses it)."""
+    return _lib if _enabled else None
 
 
 def why() -> str:
