@@ -6,7 +6,7 @@
 Each arm is kernels/cpu (of a git revision, or the worktree) built by CMake as ``pip install`` builds it (the
 ``native`` variant; ``SWIFTK_CPU_OPT`` = the arm's flags) into an install folder with its manifest, and timed by a
 child process that loads it in place of the installed one. Per model and repetition, one child per arm, the arms
-alternated: it loads the model (int8 activations on GGUF blocks, the default), puts ``--ctx`` tokens in the cache,
+alternated: it loads the model (int8 activations on GGUF blocks, the default, or ``--activations float32``), puts ``--ctx`` tokens in the cache,
 then times a decode step and verify passes of ``--verify`` tokens (each the median of ``--inner`` passes, the
 sizes interleaved) and decodes 32 greedy tokens. Prints per model the median over repetitions of each arm's step
 time and of each pass in steps, B / A, the read bandwidth measured beside them, each arm's compile time, and
@@ -40,12 +40,13 @@ CHILD = textwrap.dedent(r"""
     import swiftk
     model, ctx, inner = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     sizes = [int(t) for t in sys.argv[5].split(",")]
+    act = sys.argv[6] if len(sys.argv) > 6 else "int8"
     lib = native.library()
     if hasattr(lib, "swk_set_q_linear"):   # a revision before the layer loop called the block matmul itself
         import ctypes
         lib.swk_set_q_linear.argtypes = [ctypes.c_void_p]
         lib.swk_set_q_linear(ctypes.cast(lib.swk_q_linear_ld, ctypes.c_void_p))
-    eng = swiftk.load(model, persist=False)
+    eng = swiftk.load(model, persist=False, activations=act)
     assert native.source().startswith("installed ("), native.source()
     m, cache = eng.model, eng.cache
     with torch.inference_mode():
@@ -108,6 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--inner", type=int, default=9, help="timed passes of each size inside a child")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--verify", default="2,4,8,16")
+    ap.add_argument("--activations", default="int8", choices=("int8", "float32"),
+                    help="the block matmul's activations: int8 (cpu_qdot, the default) or float32 (cpu_quant)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     if args.reps % 2 == 0:
@@ -129,12 +132,13 @@ def main(argv=None) -> int:
     sizes = args.verify
     res = {"cpu_arch": cpu_arch(), "threads": os.cpu_count(), "arms": {k: {"rev": r, "opt": o, "compile_s": compile_s[k]}
                                                                    for k, (r, o) in arms.items()},
-           "reps": args.reps, "inner": args.inner, "ctx": args.ctx, "models": {}}
+           "reps": args.reps, "inner": args.inner, "ctx": args.ctx, "activations": args.activations,
+           "models": {}}
     lines = [f"# Kernel library A/B, {_dt.datetime.now():%Y-%m-%d %H:%M}", "",
              f"CPU: {res['cpu_arch']}, {os.cpu_count()} threads. " +
              "; ".join(f"{k}: {r} {o} (compiled in {compile_s[k]:.0f} s)" for k, (r, o) in arms.items()) +
              f". {args.reps} child processes per arm and model, alternated; each: median of {args.inner} passes per "
-             f"size at a {args.ctx}-token context. Medians over the children.", ""]
+             f"size at a {args.ctx}-token context, {args.activations} activations. Medians over the children.", ""]
     for model in args.models.split(","):
         runs = {k: [] for k in arms}
         bw = []
@@ -143,7 +147,7 @@ def main(argv=None) -> int:
                 other = k == "A" and args.a_checkout
                 py = str(Path(args.a_checkout) / ".venv" / "bin" / "python") if other else sys.executable
                 p = subprocess.run([py, "-c", CHILD, str(folders[k]), model, str(args.ctx), str(args.inner),
-                                    sizes], capture_output=True, text=True, cwd=args.a_checkout if other else ROOT,
+                                    sizes, args.activations], capture_output=True, text=True, cwd=args.a_checkout if other else ROOT,
                                    env={**os.environ, "SWIFTK_PERSIST": "0"})
                 if p.returncode:
                     sys.exit(f"arm {k} on {model} failed:\n{p.stderr[-3000:]}")

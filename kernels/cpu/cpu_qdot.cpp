@@ -1,5 +1,5 @@
-// Integer dot products on GGUF blocks, the entry points (the formats' templates: cpu_qdot.h; their instantiations
-// per format family: cpu_qdot_q4.cpp, cpu_qdot_q58.cpp, cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp, cpu_qdot_q6k.cpp).
+// Integer dot products on GGUF blocks, the entry points (the matmul: cpu_qdot.h; the formats, one file per family:
+// cpu_qdot_q4.cpp, cpu_qdot_q58.cpp, cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp, cpu_qdot_q6k.cpp).
 #include "cpu_qdot.h"
 
 namespace {

@@ -6,9 +6,12 @@
 // the arithmetic of llama.cpp's CPU backend (q8_0 / q8_K activations), with float32 activation scales.
 // Python binding: swiftk/runtime/ops/cpu_quant.py (act="int8"); tests: tests/test_cpu_qdot.py.
 //
-// Files: this header holds the formats' templates; cpu_qdot_q4.cpp, cpu_qdot_q58.cpp, cpu_qdot_q{4,5,6}k.cpp instantiate
-// them per format family (separate translation units: the build compiles them in parallel), cpu_qdot.cpp holds the
-// entry points.
+// Files: this header is the matmul, whatever the format: the activation quantizer, the packed layout, the vector
+// paths and the scalar driver. Each format family's file defines the format (Codec<T>: its packed fields, its scalar
+// definition, its vector decode) and instantiates the matmul for it: cpu_qdot_q4.cpp (Q4_0, Q4_1), cpu_qdot_q58.cpp
+// (Q5_0, Q8_0), cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp, cpu_qdot_q6k.cpp (separate translation units: the build compiles
+// them in parallel). cpu_qdot.cpp holds the entry points. No file here holds an intrinsic: the vector ops and
+// integer dot products are cpu_simd.h's (iv/fv lanes, u8i8_pairs, i16_pairs, u8i8_dot, and the 512-bit zv/zf).
 //
 // Why: with float32 activations every weight costs a float FMA per activation row, so a verify pass of 8 tokens
 // cost ~3.4 decode steps (docs/performance.md). Here one byte-multiply instruction does 32 products.
@@ -42,30 +45,7 @@
 
 #include "cpu_gguf.h"
 #include "cpu_pool.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define SWI_SIMD 1
-#include <immintrin.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define SWI_VNNI 1
-#define SWI_DPBUSD _mm256_dpbusd_epi32
-#elif defined(__AVXVNNI__)
-#define SWI_VNNI 1
-#define SWI_DPBUSD _mm256_dpbusd_avx_epi32
-#else
-#define SWI_VNNI 0
-#endif
-// AVX-512 VNNI: passes of 2 rows or more run on 512-bit vectors, two activation rows per vector (below)
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define SWI_V512 1
-#else
-#define SWI_V512 0
-#endif
-#else
-#define SWI_SIMD 0
-#define SWI_VNNI 0
-#define SWI_V512 0
-#endif
+#include "cpu_simd.h"
 
 namespace swk_qdot {
 
@@ -109,34 +89,14 @@ inline void quant_block_ref(const float* x, int n, int8_t* q, float* d) {
 #if SWI_SIMD
 // The same, 8 floats per op: max is exact and x * id rounds alike, so q and d equal quant_block_ref's.
 inline void quant_block_simd(const float* x, int n, int8_t* q, float* d) {
-  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(FLT_MAX);
-  __m256 mx = _mm256_setzero_ps();
-  int fin = 0xFF;
-  for (int i = 0; i < n; i += 8) {
-    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absm);
-    fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ));
-    mx = _mm256_max_ps(mx, a);
-  }
-  if (fin != 0xFF) {
+  const float amax = f8_absmax(x, n);
+  if (amax < 0.f) {
     memset(q, 0, n);
     *d = NAN;
     return;
   }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  const float amax = _mm_cvtss_f32(m4);
-  const __m256 id = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int i = 0; i < n; i += 32) {
-    __m256i v[4];
-    for (int j = 0; j < 4; j++)
-      v[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), id),
-                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    // packs interleave the 128-bit halves; the permute puts the 32 bytes back in order
-    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-    _mm256_storeu_si256((__m256i*)(q + i), _mm256_permutevar8x32_epi32(b, order));
-  }
+  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  for (int i = 0; i < n; i += 32) i8_round32(x + i, id, q + i);
   *d = amax / 127.f;
 }
 #endif
@@ -163,11 +123,8 @@ inline void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
       quant_block(x + m * K + 32 * b, 32, q, X.d.data() + i, simd);
       int t0 = 0, t1 = 0;
 #if SWI_SIMD
-      if (simd) {   // q + 128 as unsigned bytes, summed 8 at a time (vpsadbw): the same integers, a tenth of the time
-        const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)q), _mm256_set1_epi8((char)0x80));
-        const __m256i sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
-        t0 = (int)(_mm256_extract_epi64(sad, 0) + _mm256_extract_epi64(sad, 1)) - 16 * 128;
-        t1 = (int)(_mm256_extract_epi64(sad, 2) + _mm256_extract_epi64(sad, 3)) - 16 * 128;
+      if (simd) {   // vpsadbw: the same integers, a tenth of the time
+        i8_sums16(q, &t0, &t1);
       } else
 #endif
         for (int j = 0; j < 16; j++) t0 += q[j], t1 += q[16 + j];
@@ -180,79 +137,21 @@ inline void quantize(const float* x, int64_t M, int64_t K, QX& X, bool simd) {
 }
 
 // ---- the scalar definition --------------------------------------------------------------------------------------
-// Block b (of Fmt<T>::BS elements) of one weight row against activation row m: per 32 elements the integer sum, then
-// its float epilogue onto acc. The SIMD path below computes the same integers and the same float ops.
-// Not vectorized: GCC 12 with AVX-512 VNNI turns Q8_0's signed x signed byte sum into vpdpbusd (unsigned x signed)
-// and gets it wrong (seen on a Sapphire Rapids host); the definition must not depend on the compiler's vectorizer.
-template <int T>
-__attribute__((optimize("no-tree-vectorize")))
-float ref_block(const uint8_t* blk, const QX& X, int64_t m, int64_t b, float acc) {
-  const int64_t K = X.K;
-  if constexpr (Fmt<T>::BS == 32) {
-    const int8_t* x = X.q.data() + m * K + 32 * b;
-    const int64_t i = m * (K / 32) + b;
-    int32_t isum = 0;
-    if constexpr (T == Q8_0) {
-      for (int j = 0; j < 32; j++) isum += (int8_t)blk[2 + j] * x[j];
-    } else {
-      const int o = T == Q4_1 ? 4 : T == Q5_0 ? 6 : 2;
-      uint32_t qh = 0;
-      if (T == Q5_0) memcpy(&qh, blk + 2, 4);
-      for (int j = 0; j < 16; j++) {
-        const int lo = (blk[o + j] & 15) | (T == Q5_0 ? ((qh >> j) & 1) << 4 : 0);
-        const int hi = (blk[o + j] >> 4) | (T == Q5_0 ? ((qh >> (j + 16)) & 1) << 4 : 0);
-        isum += lo * x[j] + hi * x[j + 16];
-      }
-      if (T == Q4_0) isum -= 8 * X.s[i];
-      if (T == Q5_0) isum -= 16 * X.s[i];
-    }
-    acc = fmaf((float)isum, h2f(blk) * X.d[i], acc);
-    if (T == Q4_1) acc = fmaf(h2f(blk + 2), X.ds[i], acc);
-    return acc;
-  } else {
-    const int8_t* x = X.q.data() + m * K + 256 * b;
-    const int64_t i0 = m * (K / 32) + 8 * b;   // the superblock's first activation block
-    if constexpr (T == Q6_K) {
-      const uint8_t *ql = blk, *qh = blk + 128;
-      const int8_t* sc = (const int8_t*)(blk + 192);
-      const float d = h2f(blk + 208);
-      int q[256];
-      for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l++) {
-          q[128 * h + l] = (ql[64 * h + l] & 15) | ((qh[32 * h + l] & 3) << 4);
-          q[128 * h + 32 + l] = (ql[64 * h + 32 + l] & 15) | (((qh[32 * h + l] >> 2) & 3) << 4);
-          q[128 * h + 64 + l] = (ql[64 * h + l] >> 4) | (((qh[32 * h + l] >> 4) & 3) << 4);
-          q[128 * h + 96 + l] = (ql[64 * h + 32 + l] >> 4) | (((qh[32 * h + l] >> 6) & 3) << 4);
-        }
-      for (int t = 0; t < 8; t++) {   // 32 elements: two scales of 16
-        int32_t isum = 0;
-        for (int j = 2 * t; j < 2 * t + 2; j++) {
-          int32_t u = 0;
-          for (int e = 0; e < 16; e++) u += q[16 * j + e] * x[16 * j + e];
-          isum += sc[j] * (u - 32 * X.s16[2 * i0 + j]);
-        }
-        acc = fmaf((float)isum, d * X.d[i0 + t], acc);
-      }
-      return acc;
-    } else {  // Q4_K, Q5_K
-      uint8_t sc[8], mn[8];
-      k_scale_min(blk + 4, sc, mn);
-      const float d = h2f(blk), dmin = h2f(blk + 2);
-      const uint8_t* qs = blk + (T == Q4_K ? 16 : 48);
-      for (int s = 0; s < 8; s++) {
-        int32_t u = 0;
-        for (int l = 0; l < 32; l++) {
-          int q = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
-          if (T == Q5_K) q |= ((blk[16 + l] >> s) & 1) << 4;
-          u += q * x[32 * s + l];
-        }
-        acc = fmaf((float)(sc[s] * u), d * X.d[i0 + s], acc);
-        acc = fmaf(-(dmin * (float)mn[s]), X.ds[i0 + s], acc);   // dmin * mn is exact (11 x 6 bits)
-      }
-      return acc;
-    }
-  }
-}
+// Codec<T>::ref_block (the format's family file): block b (of Fmt<T>::BS elements) of one weight row against
+// activation row m, per 32 elements the integer sum, then its float epilogue onto acc. The vector path computes the
+// same integers and the same float ops. Not vectorized (SWK_QDOT_SCALAR): GCC 12 with AVX-512 VNNI turns Q8_0's
+// signed x signed byte sum into vpdpbusd (unsigned x signed) and gets it wrong (seen on a Sapphire Rapids host);
+// the definition must not depend on the compiler's vectorizer.
+#define SWK_QDOT_SCALAR __attribute__((optimize("no-tree-vectorize")))
+
+// The formats: each family's file (cpu_qdot_q4.cpp: Q4_0, Q4_1; cpu_qdot_q58.cpp: Q5_0, Q8_0; cpu_qdot_q4k.cpp,
+// cpu_qdot_q5k.cpp, cpu_qdot_q6k.cpp) defines Codec<T> and instantiates this header's templates for it:
+//   static constexpr Field fields[]: the packed layout (below);
+//   static float ref_block(const uint8_t* blk, const QX& X, int64_t m, int64_t b, float acc): the definition;
+//   template <class P> static void unpack(const uint8_t* p, int bi, Span& S, P&& put): the vector path's decode
+//     of block (32-element formats) or superblock (K formats) bi of a span from its packed bytes p: scales into S,
+//     then put(v, w) for each weight vector in k order (weight vector v: elements 4v .. 4v + 3 of each row).
+template <int T> struct Codec;
 
 template <int T>
 void linear_ref(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy) {
@@ -261,7 +160,7 @@ void linear_ref(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy)
   swk_pool::parallel_for(N, N * K >= 65536 ? swk_pool::threads() : 1, [&](int64_t n, int) {
     for (int64_t m = 0; m < X.M; m++) {
       float acc = 0.f;
-      for (int64_t b = 0; b < K / BS; b++) acc = ref_block<T>(w + n * rb + b * TS, X, m, b, acc);
+      for (int64_t b = 0; b < K / BS; b++) acc = Codec<T>::ref_block(w + n * rb + b * TS, X, m, b, acc);
       y[m * ldy + n] = acc;
     }
   });
@@ -272,16 +171,8 @@ void linear_ref(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy)
 // the 8 rows' fields side by side: each float16 field of the block as 8 halves (16 bytes), each run of quant bytes
 // as 4-byte groups, 8 rows per 32 bytes (lane r = row r). The bytes are the file's, permuted: the same size, so a
 // matrix keeps its shape; rows past the last full group of 8 stay in the file's layout. Fields per format, in the
-// order they are stored: H(offset) a float16, D(offset, bytes) quant bytes (offsets within the file's block).
+// order they are stored (Codec<T>::fields, offsets within the file's block).
 struct Field { int off, n; };   // n == 2: a float16 field; else n bytes of quants (a multiple of 4)
-template <int T> struct Layout;
-template <> struct Layout<Q4_0> { static constexpr Field f[] = {{0, 2}, {2, 16}}; };
-template <> struct Layout<Q4_1> { static constexpr Field f[] = {{0, 2}, {2, 2}, {4, 16}}; };
-template <> struct Layout<Q5_0> { static constexpr Field f[] = {{0, 2}, {2, 4}, {6, 16}}; };
-template <> struct Layout<Q8_0> { static constexpr Field f[] = {{0, 2}, {2, 32}}; };
-template <> struct Layout<Q4_K> { static constexpr Field f[] = {{0, 2}, {2, 2}, {4, 12}, {16, 128}}; };
-template <> struct Layout<Q5_K> { static constexpr Field f[] = {{0, 2}, {2, 2}, {4, 12}, {16, 32}, {48, 128}}; };
-template <> struct Layout<Q6_K> { static constexpr Field f[] = {{208, 2}, {192, 16}, {0, 128}, {128, 64}}; };
 
 // packed <-> file layout of one group of 8 rows: block b of row r lives at rows[r] + b * TS in the file's layout
 template <int T, bool PACK>
@@ -289,7 +180,7 @@ void group_permute(uint8_t* packed, uint8_t* const* rows, int64_t nblk) {
   constexpr int TS = Fmt<T>::TS;
   for (int64_t b = 0; b < nblk; b++) {
     uint8_t* p = packed + b * 8 * TS;
-    for (const Field& f : Layout<T>::f) {
+    for (const Field& f : Codec<T>::fields) {
       for (int c = 0; c < (f.n == 2 ? 1 : f.n / 4); c++)
         for (int r = 0; r < 8; r++) {
           const int len = f.n == 2 ? 2 : 4;
@@ -335,34 +226,6 @@ void unpack_rows(const uint8_t* packed, int64_t N, int64_t K, const int64_t* ids
 
 #if SWI_SIMD
 // ---- the vector path --------------------------------------------------------------------------------------------
-typedef __m256i iv;
-typedef __m256 fv;
-
-inline iv set8(int v) { return _mm256_set1_epi8((char)v); }
-inline iv bc4(const void* p) {  // the 4 bytes at p in every lane
-  int32_t v;
-  memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-inline iv ld(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
-inline fv ldh(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
-inline iv lo4(iv v) { return _mm256_and_si256(v, set8(0x0F)); }
-inline iv hi4(iv v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), set8(0x0F)); }
-// per 32-bit lane, bytes (b0, b1, b2, b3) of it moved to (a, b, c, d) positions: k < 0 leaves a zero byte
-inline iv pick_ctl(int a, int b, int c, int d) {
-  auto at = [](int k, int L) { return (char)(k < 0 ? -128 : 4 * L + k); };
-  return _mm256_setr_epi8(at(a, 0), at(b, 0), at(c, 0), at(d, 0), at(a, 1), at(b, 1), at(c, 1), at(d, 1), at(a, 2),
-                          at(b, 2), at(c, 2), at(d, 2), at(a, 3), at(b, 3), at(c, 3), at(d, 3), at(a, 0), at(b, 0),
-                          at(c, 0), at(d, 0), at(a, 1), at(b, 1), at(c, 1), at(d, 1), at(a, 2), at(b, 2), at(c, 2),
-                          at(d, 2), at(a, 3), at(b, 3), at(c, 3), at(d, 3));
-}
-inline iv pick(iv v, int a, int b, int c, int d) { return _mm256_shuffle_epi8(v, pick_ctl(a, b, c, d)); }
-// byte j = 0x10 where bit k of byte j of v is set
-inline iv bit4(iv v, int k) {
-  const iv m = set8(1 << k);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), set8(0x10));
-}
-
 // int16 products summed per int16 lane before widening (AVX2): 4-bit weights 8 (8 x 2 x 15 x 127 < 2^15), 5-bit 4,
 // 6-bit 2
 template <int T> constexpr int kG = T == Q4_0 || T == Q4_1 || T == Q4_K ? 8 : T == Q5_0 || T == Q5_K ? 4 : 2;
@@ -383,117 +246,24 @@ struct alignas(32) Span {
   fv mnf[8];         // Q4_K/Q5_K: per sub-block each row's dmin * min (exact in float32)
 };
 
-// Block (32-element formats) or superblock (K formats) bi of a span from its packed bytes p: scales into S, then
-// put(v, w) for each weight vector in k order (put(v, w, ws) for Q8_0 on AVX2).
-template <int T, class P>
-inline void unpack(const uint8_t* p, int bi, Span& S, P&& put) {
-  if constexpr (T == Q4_0 || T == Q4_1) {
-    S.dw[bi] = ldh(p);
-    if (T == Q4_1) S.mw[bi] = ldh(p + 16);
-    const uint8_t* q = p + (T == Q4_1 ? 32 : 16);
-    iv t[4];
+// Q4_K and Q5_K's 12 scale bytes (packed: 3 dwords per row), swk_gguf::k_scale_min 8 rows per op: the scales
+// into S.sc32 (VNNI) or S.sc16, each row's dmin * min into S.mnf
+inline void unpack_k_scales(const uint8_t* p, Span& S) {
+  const iv t1 = i_ld(p), t2 = i_ld(p + 32), t3 = i_ld(p + 64), m6 = i8_set1(0x3F), m4 = i8_set1(0x0F);
+  const iv m30 = i8_set1(0x30);
+  const iv sclo = i_and(t1, m6), mnlo = i_and(t2, m6);
+  const iv schi = i_or(i_and(t3, m4), i_and(i16_shr(t1, 2), m30));
+  const iv mnhi = i_or(i_and(i16_shr(t3, 4), m4), i_and(i16_shr(t2, 2), m30));
 #pragma GCC unroll 16
-    for (int c = 0; c < 4; c++) t[c] = ld(q + 32 * c);
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; c++) put(c, lo4(t[c]));
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; c++) put(4 + c, hi4(t[c]));
-  } else if constexpr (T == Q5_0) {
-    // elements 4v .. 4v + 3 take bits 4v .. 4v + 3 of qh: shifted down, then spread one bit per byte (to bit 4) by
-    // a multiply whose four shifted copies cannot overlap
-    S.dw[bi] = ldh(p);
-    const iv H = ld(p + 16);
-    iv t[4];
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; c++) t[c] = ld(p + 48 + 32 * c);
-#if defined(__AVX512BITALG__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-    // the same bits as a byte mask: per 64-bit lane (two rows' qh) pick bits 4v..4v+3 of each dword, one
-    // instruction, then add 16 where set (3 ops a vector instead of 6: the unpacking bounds passes of 8-16 rows)
-#pragma GCC unroll 16
-    for (int v = 0; v < 8; v++) {
-      const uint64_t b = 4 * v, sel = b | (b + 1) << 8 | (b + 2) << 16 | (b + 3) << 24 | (b + 32) << 32 |
-                                      (b + 33) << 40 | (b + 34) << 48 | (b + 35) << 56;
-      const __mmask32 k = _mm256_bitshuffle_epi64_mask(H, _mm256_set1_epi64x((long long)sel));
-      const iv lo = v < 4 ? lo4(t[v]) : hi4(t[v - 4]);
-      put(v, _mm256_mask_add_epi8(lo, k, lo, set8(0x10)));
-    }
-#else
-    const iv spread = _mm256_set1_epi32((1 << 4) | (1 << 11) | (1 << 18) | (1 << 25));
-#pragma GCC unroll 16
-    for (int v = 0; v < 8; v++) {
-      const iv h = _mm256_and_si256(_mm256_srli_epi32(H, 4 * v), _mm256_set1_epi32(0xF));
-      const iv hb = _mm256_and_si256(_mm256_mullo_epi32(h, spread), set8(0x10));
-      put(v, _mm256_or_si256(v < 4 ? lo4(t[v]) : hi4(t[v - 4]), hb));
-    }
-#endif
-  } else if constexpr (T == Q8_0) {
-    S.dw[bi] = ldh(p);
-#pragma GCC unroll 16
-    for (int v = 0; v < 8; v++) put(v, ld(p + 16 + 32 * v));
-  } else if constexpr (T == Q4_K || T == Q5_K) {
-    S.d = ldh(p);
-    S.dm = ldh(p + 16);
-    // the 12 scale bytes as 3 dwords per row: swk_gguf::k_scale_min, 8 rows per op
-    const iv t1 = ld(p + 32), t2 = ld(p + 64), t3 = ld(p + 96), m6 = set8(0x3F), m4 = set8(0x0F), m30 = set8(0x30);
-    const iv sclo = _mm256_and_si256(t1, m6), mnlo = _mm256_and_si256(t2, m6);
-    const iv schi = _mm256_or_si256(_mm256_and_si256(t3, m4), _mm256_and_si256(_mm256_srli_epi16(t1, 2), m30));
-    const iv mnhi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t3, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(t2, 2), m30));
-#pragma GCC unroll 16
-    for (int s = 0; s < 8; s++) {
+  for (int s = 0; s < 8; s++) {
 #if SWI_VNNI
-      S.sc32[s] = pick(s < 4 ? sclo : schi, s % 4, -1, -1, -1);
+    S.sc32[s] = i8_pick(s < 4 ? sclo : schi, s % 4, -1, -1, -1);
 #else
-      S.sc16[s] = pick(s < 4 ? sclo : schi, s % 4, -1, s % 4, -1);
+    S.sc16[s] = i8_pick(s < 4 ? sclo : schi, s % 4, -1, s % 4, -1);
 #endif
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < 8; j++)
-      S.mnf[j] = _mm256_mul_ps(S.dm, _mm256_cvtepi32_ps(pick(j < 4 ? mnlo : mnhi, j % 4, -1, -1, -1)));
-    const uint8_t* qs = p + (T == Q4_K ? 128 : 384);
-#pragma GCC unroll 16
-    for (int pr = 0; pr < 4; pr++) {   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
-      iv q[8];
-#pragma GCC unroll 16
-      for (int c = 0; c < 8; c++) q[c] = ld(qs + 256 * pr + 32 * c);
-#pragma GCC unroll 16
-      for (int h = 0; h < 2; h++)
-  #pragma GCC unroll 16
-        for (int c = 0; c < 8; c++) {
-          iv w = h ? hi4(q[c]) : lo4(q[c]);
-          if (T == Q5_K) w = _mm256_or_si256(w, bit4(ld(p + 128 + 32 * c), 2 * pr + h));   // the fifth bits
-          put(16 * pr + 8 * h + c, w);
-        }
-    }
-  } else {  // Q6_K: d; 16 int8 scales as 4 dwords per row; ql; qh
-    S.d = ldh(p);
-    iv sc[4];
-#pragma GCC unroll 16
-    for (int k = 0; k < 4; k++) sc[k] = ld(p + 16 + 32 * k);
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; j++) {
-#if SWI_VNNI
-      S.sc32[j] = _mm256_srai_epi32(pick(sc[j / 4], -1, -1, -1, j % 4), 24);
-#else
-      S.sc16[j] = _mm256_srai_epi16(pick(sc[j / 4], -1, j % 4, -1, j % 4), 8);
-#endif
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < 8; j++) S.mn[j] = _mm256_srai_epi16(pick(sc[j / 2], -1, 2 * (j % 2), -1, 2 * (j % 2) + 1), 8);
-    // quarter u of half h (elements 128 h + 32 u + 4 c ..): ql's low nibbles (u < 2) or high ones, and bits 2u,
-    // 2u + 1 of each qh byte moved to bits 4, 5 (what a 16-bit shift carries across bytes is masked off)
-    const iv m30 = set8(0x30);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++)
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; u++)
-#pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-          const iv l = ld(p + 144 + 512 * h + 256 * (u & 1) + 32 * c), qh = ld(p + 1168 + 256 * h + 32 * c);
-          const iv hs = u < 2 ? _mm256_slli_epi16(qh, 4 - 2 * u) : u == 3 ? _mm256_srli_epi16(qh, 2) : qh;
-          put(32 * h + 8 * u + c, _mm256_or_si256(u >> 1 ? hi4(l) : lo4(l), _mm256_and_si256(hs, m30)));
-        }
   }
+#pragma GCC unroll 16
+  for (int j = 0; j < 8; j++) S.mnf[j] = f8_mul(S.dm, f8_i32(i8_pick(j < 4 ? mnlo : mnhi, j % 4, -1, -1, -1)));
 }
 
 template <int T>
@@ -502,12 +272,12 @@ inline void decode(const uint8_t* p, int nb, Span& S) {
   for (int bi = 0; bi < nb; bi++) {
     iv* w = S.w + 8 * bi * (Fmt<T>::BS == 32);
     [[maybe_unused]] iv* ws = S.ws + 8 * bi * (Fmt<T>::BS == 32);
-    unpack<T>(p + bi * GBT, bi, S, [&](int v, iv q) {
+    Codec<T>::unpack(p + bi * GBT, bi, S, [&](int v, iv q) {
       if constexpr (T == Q8_0) {
 #if SWI_VNNI
-        w[v] = _mm256_xor_si256(q, set8(0x80));   // w + 128: unsigned, its offset through the block sum
+        w[v] = i_xor(q, i8_set1(0x80));   // w + 128: unsigned, its offset through the block sum
 #else
-        w[v] = _mm256_abs_epi8(q);
+        w[v] = i8_abs(q);
         ws[v] = q;
 #endif
       } else {
@@ -528,19 +298,19 @@ inline void dot_u8(const iv* const (&w)[NG], const int8_t* const (&x)[MT], iv (&
   (void)sc16;
   iv a[NG][MT];
   for (int g = 0; g < NG; g++)
-    for (int m = 0; m < MT; m++) a[g][m] = _mm256_setzero_si256();
+    for (int m = 0; m < MT; m++) a[g][m] = i_zero();
 #pragma GCC unroll 16
   for (int v = 0; v < NV; v++) {
     iv wv[NG];
-    for (int g = 0; g < NG; g++) wv[g] = _mm256_load_si256(w[g] + v);
+    for (int g = 0; g < NG; g++) wv[g] = i_lda(w[g] + v);
     for (int m = 0; m < MT; m++) {
-      const iv xb = bc4(x[m] + 4 * v);
-      for (int g = 0; g < NG; g++) a[g][m] = SWI_DPBUSD(a[g][m], wv[g], xb);
+      const iv xb = i32_bcast(x[m] + 4 * v);
+      for (int g = 0; g < NG; g++) a[g][m] = u8i8_dot(a[g][m], wv[g], xb);
     }
   }
   for (int g = 0; g < NG; g++)
     for (int m = 0; m < MT; m++)
-      out[g][m] = _mm256_add_epi32(out[g][m], SCALED ? _mm256_mullo_epi32(a[g][m], *sc32[g]) : a[g][m]);
+      out[g][m] = i32_add(out[g][m], SCALED ? i32_mul(a[g][m], *sc32[g]) : a[g][m]);
 #else
   (void)sc32;
 #pragma GCC unroll 16
@@ -549,18 +319,18 @@ inline void dot_u8(const iv* const (&w)[NG], const int8_t* const (&x)[MT], iv (&
 #pragma GCC unroll 8
     for (int v = v0; v < v0 + G; v++) {
       iv wv[NG];
-      for (int g = 0; g < NG; g++) wv[g] = _mm256_load_si256(w[g] + v);
+      for (int g = 0; g < NG; g++) wv[g] = i_lda(w[g] + v);
       for (int m = 0; m < MT; m++) {
-        const iv xb = bc4(x[m] + 4 * v);
+        const iv xb = i32_bcast(x[m] + 4 * v);
         for (int g = 0; g < NG; g++) {
-          const iv t = _mm256_maddubs_epi16(wv[g], xb);
-          p[g][m] = v == v0 ? t : _mm256_add_epi16(p[g][m], t);
+          const iv t = u8i8_pairs(wv[g], xb);
+          p[g][m] = v == v0 ? t : i16_add(p[g][m], t);
         }
       }
     }
     for (int g = 0; g < NG; g++) {
-      const iv s = SCALED ? *sc16[g] : _mm256_set1_epi16(1);
-      for (int m = 0; m < MT; m++) out[g][m] = _mm256_add_epi32(out[g][m], _mm256_madd_epi16(p[g][m], s));
+      const iv s = SCALED ? *sc16[g] : i16_set1(1);
+      for (int m = 0; m < MT; m++) out[g][m] = i32_add(out[g][m], i16_pairs(p[g][m], s));
     }
   }
 #endif
@@ -571,19 +341,19 @@ inline void dot_u8(const iv* const (&w)[NG], const int8_t* const (&x)[MT], iv (&
 template <int T>
 inline fv epilogue(const Span& S, int j, const QX& X, int64_t m, int64_t a, iv isum, fv acc) {
   const int64_t i = m * (X.K / 32) + a;
-  const fv xd = _mm256_set1_ps(X.d[i]);
+  const fv xd = f8_set1(X.d[i]);
   if constexpr (Fmt<T>::BS == 32) {
     constexpr int off = T == Q4_0 ? 8 : T == Q5_0 ? 16 : T == Q8_0 && SWI_VNNI ? 128 : 0;
-    if (off) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * X.s[i]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(S.dw[j], xd), acc);
-    if (T == Q4_1) acc = _mm256_fmadd_ps(S.mw[j], _mm256_set1_ps(X.ds[i]), acc);
+    if (off) isum = i32_sub(isum, i32_set1(off * X.s[i]));
+    acc = f8_fma(f8_i32(isum), f8_mul(S.dw[j], xd), acc);
+    if (T == Q4_1) acc = f8_fma(S.mw[j], f8_set1(X.ds[i]), acc);
   } else if constexpr (T == Q6_K) {   // the offset 32: both scales times the activation sums per 16
-    const iv o = _mm256_madd_epi16(S.mn[j], bc4(X.s16.data() + 2 * i));
-    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(o, 5));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(S.d, xd), acc);
+    const iv o = i16_pairs(S.mn[j], i32_bcast(X.s16.data() + 2 * i));
+    isum = i32_sub(isum, i32_shl(o, 5));
+    acc = f8_fma(f8_i32(isum), f8_mul(S.d, xd), acc);
   } else {   // Q4_K, Q5_K: the min times the activation sum
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(S.d, xd), acc);
-    acc = _mm256_fnmadd_ps(S.mnf[j], _mm256_set1_ps(X.ds[i]), acc);
+    acc = f8_fma(f8_i32(isum), f8_mul(S.d, xd), acc);
+    acc = f8_fnma(S.mnf[j], f8_set1(X.ds[i]), acc);
   }
   return acc;
 }
@@ -594,7 +364,7 @@ template <int T, int MT, int NG>
 inline void mpart(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0, fv (&acc)[NG][MT]) {
   const int64_t K = X.K, a0 = b0 * (Fmt<T>::BS / 32);
   const int nsub = Fmt<T>::BS == 32 ? nb : 8;
-  const iv zero = _mm256_setzero_si256();
+  const iv zero = i_zero();
   for (int j = 0; j < nsub; j++) {
     const int8_t* x[MT];
     iv isum[NG][MT];
@@ -602,16 +372,16 @@ inline void mpart(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0, fv
     for (int g = 0; g < NG; g++)
       for (int m = 0; m < MT; m++) isum[g][m] = zero;
     if constexpr (T == Q8_0 && !SWI_VNNI) {   // |w| times x with w's sign: the sign trick
-      const iv ones = _mm256_set1_epi16(1);
+      const iv ones = i16_set1(1);
 #pragma GCC unroll 8
       for (int v = 0; v < 8; v++) {
         iv wa[NG], ws[NG];
         for (int g = 0; g < NG; g++) wa[g] = S[g].w[8 * j + v], ws[g] = S[g].ws[8 * j + v];
         for (int m = 0; m < MT; m++) {
-          const iv xb = bc4(x[m] + 4 * v);
+          const iv xb = i32_bcast(x[m] + 4 * v);
           for (int g = 0; g < NG; g++)
-            isum[g][m] = _mm256_add_epi32(
-                isum[g][m], _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], _mm256_sign_epi8(xb, ws[g])), ones));
+            isum[g][m] = i32_add(
+                isum[g][m], i16_pairs(u8i8_pairs(wa[g], i8_sign(xb, ws[g])), ones));
         }
       }
     } else if constexpr (Fmt<T>::BS == 32) {
@@ -640,10 +410,10 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
   const int64_t M = X.M;
   fv a[NG][MT];
   for (int g = 0; g < NG; g++)
-    for (int m = 0; m < MT; m++) a[g][m] = _mm256_loadu_ps(acc + 8 * (g * M + m0 + m));
+    for (int m = 0; m < MT; m++) a[g][m] = f8_ld(acc + 8 * (g * M + m0 + m));
   mpart<T, MT, NG>(S, nb, X, m0, b0, a);
   for (int g = 0; g < NG; g++)
-    for (int m = 0; m < MT; m++) _mm256_storeu_ps(acc + 8 * (g * M + m0 + m), a[g][m]);
+    for (int m = 0; m < MT; m++) f8_st(acc + 8 * (g * M + m0 + m), a[g][m]);
 }
 
 // passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles. Measured on the
@@ -690,7 +460,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
   constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
   [[maybe_unused]] constexpr int G = kG<T>;
   const int64_t K = X.K;
-  const iv zero = _mm256_setzero_si256();
+  const iv zero = i_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t b = b0 + bi, a0 = b * (Fmt<T>::BS / 32);
     prefetch_ahead(p + bi * GBT, GBT);
@@ -700,26 +470,26 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
       x[m] = X.q.data() + (m0 + m) * K + Fmt<T>::BS * b;
       isum[m] = part[m] = zero;
     }
-    unpack<T>(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
+    Codec<T>::unpack(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
       const int js = v / VS;   // the scale it falls under (K formats)
       for (int m = 0; m < MT; m++) {
-        const iv xb = bc4(x[m] + 4 * v);
+        const iv xb = i32_bcast(x[m] + 4 * v);
         if constexpr (T == Q8_0 && !SWI_VNNI) {
-          isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w),
-                                                                                     _mm256_sign_epi8(xb, w)),
-                                                                _mm256_set1_epi16(1)));
+          isum[m] = i32_add(isum[m], i16_pairs(u8i8_pairs(i8_abs(w),
+                                                                                     i8_sign(xb, w)),
+                                                                i16_set1(1)));
         } else {
 #if SWI_VNNI
-          const iv wu = T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w;
-          part[m] = SWI_DPBUSD(v % VS ? part[m] : zero, wu, xb);
+          const iv wu = T == Q8_0 ? i_xor(w, i8_set1(0x80)) : w;
+          part[m] = u8i8_dot(v % VS ? part[m] : zero, wu, xb);
           if (v % VS == VS - 1)
-            isum[m] = _mm256_add_epi32(isum[m], Fmt<T>::BS == 256 ? _mm256_mullo_epi32(part[m], S.sc32[js]) : part[m]);
+            isum[m] = i32_add(isum[m], Fmt<T>::BS == 256 ? i32_mul(part[m], S.sc32[js]) : part[m]);
 #else
-          const iv t = _mm256_maddubs_epi16(w, xb);
-          part[m] = v % G ? _mm256_add_epi16(part[m], t) : t;
+          const iv t = u8i8_pairs(w, xb);
+          part[m] = v % G ? i16_add(part[m], t) : t;
           if (v % G == G - 1)
-            isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(part[m], Fmt<T>::BS == 256 ? S.sc16[js]
-                                                                                              : _mm256_set1_epi16(1)));
+            isum[m] = i32_add(isum[m], i16_pairs(part[m], Fmt<T>::BS == 256 ? S.sc16[js]
+                                                                                              : i16_set1(1)));
 #endif
         }
       }
@@ -737,9 +507,9 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
 template <int T, int MT>
 void direct_rows(const uint8_t* p, int64_t nblk, const QX& X, int64_t m0, Span& S, float* out /* [MT][8] */) {
   fv acc[MT];
-  for (int m = 0; m < MT; m++) acc[m] = _mm256_setzero_ps();
+  for (int m = 0; m < MT; m++) acc[m] = f8_zero();
   direct<T, MT>(p, (int)nblk, X, m0, 0, S, acc);
-  for (int m = 0; m < MT; m++) _mm256_storeu_ps(out + 8 * m, acc[m]);
+  for (int m = 0; m < MT; m++) f8_st(out + 8 * m, acc[m]);
 }
 
 #if SWI_V512
@@ -747,19 +517,6 @@ void direct_rows(const uint8_t* p, int64_t nblk, const QX& X, int64_t m0, Span& 
 // Lanes 2r and 2r + 1 hold weight row r (its 8-lane value duplicated) against activation rows a and b of a pair. The
 // pair's activations are interleaved 4 bytes at a time (XP), so one 8-byte broadcast load gives a vector's
 // activations: the weight side is duplicated once per vector and shared by every pair.
-typedef __m512i zv;
-typedef __m512 zf;
-
-inline zv dup2(iv v) {
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-                                  _mm512_castsi256_si512(v));
-}
-inline zf dup2f(fv v) { return _mm512_castsi512_ps(dup2(_mm256_castps_si256(v))); }
-inline zv bc8(const void* p) {   // the 8 bytes at p in every 64-bit lane
-  int64_t v;
-  memcpy(&v, p, 8);
-  return _mm512_set1_epi64(v);
-}
 
 // Pairs of activation rows (2p, 2p + 1; an odd M's last row paired with itself), each quantity of QX interleaved per
 // 4 bytes: q as int32 words, then per 32-element block d, s, ds and the two int16 sums of s16 as one word.
@@ -788,19 +545,13 @@ inline void pair_rows(const QX& X, XP& Y) {
   Y.q.resize((size_t)(P * nq * 2));
   Y.s.resize((size_t)(P * nb * 2)), Y.s16.resize(Y.s.size()), Y.d.resize(Y.s.size()), Y.ds.resize(Y.s.size());
   // the pairs split over the threads; each pair's two rows of words interleaved 16 at a time
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   swk_pool::parallel_for(P, P >= 2 && P * K >= (1 << 12) ? swk_pool::threads() : 1, [&](int64_t p, int) {
     const int64_t ma = 2 * p, mb = 2 * p + 1 < M ? 2 * p + 1 : M - 1;   // an odd M's last row paired with itself
     const int32_t* qa = (const int32_t*)(X.q.data() + ma * K);   // K is a multiple of 32: whole words
     const int32_t* qb = (const int32_t*)(X.q.data() + mb * K);
     int32_t* out = Y.q.data() + p * nq * 2;
     int64_t i = 0;
-    for (; i + 16 <= nq; i += 16) {
-      const __m512i a = _mm512_loadu_si512(qa + i), b = _mm512_loadu_si512(qb + i);
-      _mm512_storeu_si512(out + 2 * i, _mm512_permutex2var_epi32(a, lo, b));
-      _mm512_storeu_si512(out + 2 * i + 16, _mm512_permutex2var_epi32(a, hi, b));
-    }
+    for (; i + 16 <= nq; i += 16) z32_zip16(qa + i, qb + i, out + 2 * i);
     for (; i < nq; i++) out[2 * i] = qa[i], out[2 * i + 1] = qb[i];
     for (int h = 0; h < 2; h++)
       for (int64_t i = 0; i < nb; i++) {
@@ -817,12 +568,12 @@ template <int T>
 inline ZW zweights(const Span& S, int j) {
   ZW z;
   if constexpr (Fmt<T>::BS == 32) {
-    z.d = dup2f(S.dw[j]);
-    if (T == Q4_1) z.m = dup2f(S.mw[j]);
+    z.d = zf_dup2(S.dw[j]);
+    if (T == Q4_1) z.m = zf_dup2(S.mw[j]);
   } else {
-    z.d = dup2f(S.d);
-    if (T == Q6_K) z.mn = dup2(S.mn[j]);
-    else z.m = dup2f(S.mnf[j]);
+    z.d = zf_dup2(S.d);
+    if (T == Q6_K) z.mn = z_dup2(S.mn[j]);
+    else z.m = zf_dup2(S.mnf[j]);
   }
   return z;
 }
@@ -831,19 +582,19 @@ inline ZW zweights(const Span& S, int j) {
 template <int T, class V>
 inline zf epilogue2(const ZW& z, const V& Y, int64_t p, int64_t a, zv isum, zf acc) {
   const int64_t i = (p * (Y.K / 32) + a) * 2;
-  const zf xd = _mm512_castsi512_ps(bc8(&Y.d[i]));
+  const zf xd = zf_bcast8(&Y.d[i]);
   if constexpr (Fmt<T>::BS == 32) {
     constexpr int sh = T == Q4_0 ? 3 : T == Q5_0 ? 4 : T == Q8_0 ? 7 : 0;   // off = 8, 16, 128 (w + 128, VNNI)
-    if (sh) isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(bc8(&Y.s[i]), sh));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
-    if (T == Q4_1) acc = _mm512_fmadd_ps(z.m, _mm512_castsi512_ps(bc8(&Y.ds[i])), acc);
+    if (sh) isum = z32_sub(isum, z32_shl(z_bcast8(&Y.s[i]), sh));
+    acc = zf_fma(zf_i32(isum), zf_mul(z.d, xd), acc);
+    if (T == Q4_1) acc = zf_fma(z.m, zf_bcast8(&Y.ds[i]), acc);
   } else if constexpr (T == Q6_K) {
-    const zv o = _mm512_madd_epi16(z.mn, bc8(&Y.s16[i]));
-    isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(o, 5));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
+    const zv o = z16_pairs(z.mn, z_bcast8(&Y.s16[i]));
+    isum = z32_sub(isum, z32_shl(o, 5));
+    acc = zf_fma(zf_i32(isum), zf_mul(z.d, xd), acc);
   } else {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(z.d, xd), acc);
-    acc = _mm512_fnmadd_ps(z.m, _mm512_castsi512_ps(bc8(&Y.ds[i])), acc);
+    acc = zf_fma(zf_i32(isum), zf_mul(z.d, xd), acc);
+    acc = zf_fnma(z.m, zf_bcast8(&Y.ds[i]), acc);
   }
   return acc;
 }
@@ -853,7 +604,7 @@ template <int T, int MP, class V>
 inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]) {
   constexpr int GBT = 8 * Fmt<T>::TS, VS = kVS<T>;
   const int64_t nq = Y.K / 4;
-  const zv zero = _mm512_setzero_si512();
+  const zv zero = z_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t a0 = bi * (Fmt<T>::BS / 32);
     prefetch_ahead(p + bi * GBT, GBT);
@@ -863,15 +614,15 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
       x[m] = qdata(Y) + (m * nq + Fmt<T>::BS / 4 * bi) * 2;
       isum[m] = part[m] = zero;
     }
-    unpack<T>(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
-      const zv W = dup2(T == Q8_0 ? _mm256_xor_si256(w, set8(0x80)) : w);
-      for (int m = 0; m < MP; m++) part[m] = _mm512_dpbusd_epi32(v % VS ? part[m] : zero, W, bc8(x[m] + 2 * v));
+    Codec<T>::unpack(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
+      const zv W = z_dup2(T == Q8_0 ? i_xor(w, i8_set1(0x80)) : w);
+      for (int m = 0; m < MP; m++) part[m] = z_dot(v % VS ? part[m] : zero, W, z_bcast8(x[m] + 2 * v));
       if (v % VS == VS - 1) {
         if constexpr (Fmt<T>::BS == 256) {
-          const zv sc = dup2(S.sc32[v / VS]);
-          for (int m = 0; m < MP; m++) isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(part[m], sc));
+          const zv sc = z_dup2(S.sc32[v / VS]);
+          for (int m = 0; m < MP; m++) isum[m] = z32_add(isum[m], z32_mul(part[m], sc));
         } else {
-          for (int m = 0; m < MP; m++) isum[m] = _mm512_add_epi32(isum[m], part[m]);
+          for (int m = 0; m < MP; m++) isum[m] = z32_add(isum[m], part[m]);
         }
       }
       if (v % 8 == 7) {
@@ -891,24 +642,23 @@ template <int T, int MP>
 void direct2_rows(const uint8_t* p, int64_t nblk, const XP& Y, int64_t p0, Span& S, int64_t M, int64_t n0, int64_t N,
                   float* y, int64_t ldy) {
   zf acc[MP];
-  for (int m = 0; m < MP; m++) acc[m] = _mm512_setzero_ps();
+  for (int m = 0; m < MP; m++) acc[m] = zf_zero();
   // the first 8 pairs indexed on XP itself: through the pointer view a pass of 16 rows ran ~5% slower
   if (p0 == 0) direct2<T, MP>(p, (int)nblk, Y, S, acc);
   else direct2<T, MP>(p, (int)nblk, pairs_from(Y, p0), S, acc);
   // lanes 2r + h hold column n0 + r of row 2 (p0 + m) + h: one permute makes them two rows of 8, each one store
   // (masked in a short last group), where element-wise stores cost the small passes several percent
-  const __m512i rows2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   const bool whole = N - n0 >= 8;
-  const __mmask8 cols = (__mmask8)(whole ? 0xFF : (1u << (N - n0)) - 1);
   auto put = [&](int64_t row, fv v) {
-    if (whole) _mm256_storeu_ps(y + row * ldy + n0, v);
-    else _mm256_mask_storeu_ps(y + row * ldy + n0, cols, v);
+    if (whole) f8_st(y + row * ldy + n0, v);
+    else f8_st_n(y + row * ldy + n0, (int)(N - n0), v);
   };
   for (int m = 0; m < MP; m++) {
-    const zv o = _mm512_castps_si512(_mm512_permutexvar_ps(rows2, acc[m]));
+    fv even, odd;
+    zf_unzip(acc[m], &even, &odd);
     const int64_t row = 2 * (p0 + m);
-    put(row, _mm256_castsi256_ps(_mm512_castsi512_si256(o)));
-    if (row + 1 < M) put(row + 1, _mm256_castsi256_ps(_mm512_extracti64x4_epi64(o, 1)));
+    put(row, even);
+    if (row + 1 < M) put(row + 1, odd);
   }
 }
 

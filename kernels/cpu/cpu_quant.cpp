@@ -31,88 +31,16 @@ using namespace swk_gguf;
 constexpr int W = SWK_W;  // floats per vector (cpu_simd.h)
 constexpr int NV = 32 / W;  // vectors per 32-element chunk
 
-// ---- 16-byte integer primitives the block decoders are written in --------------------------------------------
-#if SWK_ISA
-typedef __m128i b16;
-inline b16 ld16(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
-inline b16 nib(b16 v, int hi) { return _mm_and_si128(hi ? _mm_srli_epi16(v, 4) : v, _mm_set1_epi8(0x0F)); }
-inline b16 bor(b16 a, b16 b) { return _mm_or_si128(a, b); }
-inline b16 bsub(b16 a, int k) { return _mm_sub_epi8(a, _mm_set1_epi8((char)k)); }
-// byte j = 0x10 where bit j of `bits` (16 bits) is set: Q5_0's fifth bit
-inline b16 bit16(uint32_t bits) {
-#if SWK_ISA == 512
-  return _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(0x10));
-#else
-  const b16 sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-  b16 v = _mm_shuffle_epi8(_mm_set1_epi16((short)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, sel), sel), _mm_set1_epi8(0x10));
-#endif
-}
-// byte j = 0x10 where bit c of v[j] is set: Q5_K's fifth bit
-inline b16 bit_at(b16 v, int c) {
-  const b16 sel = _mm_set1_epi8((char)(1 << c));
-  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, sel), sel), _mm_set1_epi8(0x10));
-}
-// byte j = ((v[j] >> s) & 3) << 4: Q6_K's two high bits
-inline b16 two_at(b16 v, int s) {
-  return _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, s), _mm_set1_epi8(3)), 4);
-}
-#else
-struct b16 { uint8_t v[16]; };
-inline b16 ld16(const uint8_t* p) { b16 r; memcpy(r.v, p, 16); return r; }
-inline b16 nib(b16 a, int hi) {
-  for (int i = 0; i < 16; i++) a.v[i] = (uint8_t)((a.v[i] >> (hi ? 4 : 0)) & 0x0F);
-  return a;
-}
-inline b16 bor(b16 a, b16 b) {
-  for (int i = 0; i < 16; i++) a.v[i] |= b.v[i];
-  return a;
-}
-inline b16 bsub(b16 a, int k) {
-  for (int i = 0; i < 16; i++) a.v[i] = (uint8_t)(a.v[i] - k);
-  return a;
-}
-inline b16 bit16(uint32_t bits) {
-  b16 r;
-  for (int i = 0; i < 16; i++) r.v[i] = (uint8_t)(((bits >> i) & 1) << 4);
-  return r;
-}
-inline b16 bit_at(b16 a, int c) {
-  for (int i = 0; i < 16; i++) a.v[i] = (uint8_t)(((a.v[i] >> c) & 1) << 4);
-  return a;
-}
-inline b16 two_at(b16 a, int s) {
-  for (int i = 0; i < 16; i++) a.v[i] = (uint8_t)(((a.v[i] >> s) & 3) << 4);
-  return a;
-}
-#endif
-
 // 32 signed 8-bit quants (lo: elements 0-15, hi: 16-31) -> NV float vectors: a0 * q (- b0) for the first 16,
 // a1 * q (- b1) for the next. A multiply, then a subtraction: gguf rounds twice too (no FMA), which keeps
 // swk_q_dequant bit-exact and makes the matmul's weights exactly the dequantized ones.
 template <bool MIN>
 inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec (&out)[NV]) {
-#if SWK_ISA == 512
-  out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_set1_ps(a0));
-  out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_set1_ps(a1));
-  if (MIN) {
-    out[0] = _mm512_sub_ps(out[0], _mm512_set1_ps(b0));
-    out[1] = _mm512_sub_ps(out[1], _mm512_set1_ps(b1));
+  vcvt_i8x32(lo, hi, out);
+  for (int i = 0; i < NV; i++) {
+    out[i] = vmul(out[i], vset1(i < NV / 2 ? a0 : a1));
+    if (MIN) out[i] = vsub(out[i], vset1(i < NV / 2 ? b0 : b1));
   }
-#elif SWK_ISA == 256
-  const b16 q[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-  for (int i = 0; i < 4; i++) {
-    out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q[i])), _mm256_set1_ps(i < 2 ? a0 : a1));
-    if (MIN) out[i] = _mm256_sub_ps(out[i], _mm256_set1_ps(i < 2 ? b0 : b1));
-  }
-#else
-  for (int i = 0; i < 32; i++) {
-    const float a = i < 16 ? a0 : a1, b = i < 16 ? b0 : b1;
-    float f = (float)(int8_t)(i < 16 ? lo.v[i] : hi.v[i - 16]) * a;
-    if (MIN) f = f - b;
-    out[i / 8].v[i % 8] = f;
-  }
-#endif
 }
 
 // ---- formats: kernels/cpu/cpu_gguf.h (ggml type ids, Fmt<T>::BS elements / TS bytes per block, h2f)
@@ -121,40 +49,19 @@ inline void to_vecs(b16 lo, b16 hi, float a0, float a1, float b0, float b1, vec 
 inline void k_scales(const uint8_t* blk, float (&a)[8], float (&b)[8]) {
   const float d = h2f(blk), dmin = h2f(blk + 2);
   const uint8_t* s = blk + 4;
-#if SWK_ISA
-  // the same bit fields four bytes per 32-bit op, then one 8-wide convert and multiply (runs once per 256 weights)
+  // the bit fields four bytes per 32-bit op, then one 8-wide convert and multiply (runs once per 256 weights)
   uint32_t u0, u1, u2;
   memcpy(&u0, s, 4);
   memcpy(&u1, s + 4, 4);
   memcpy(&u2, s + 8, 4);
   const uint64_t sc = (u0 & 0x3F3F3F3Fu) | (uint64_t)((u2 & 0x0F0F0F0Fu) | ((u0 >> 2) & 0x30303030u)) << 32;
   const uint64_t mn = (u1 & 0x3F3F3F3Fu) | (uint64_t)(((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 2) & 0x30303030u)) << 32;
-  auto widen = [](uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v))); };
-  _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(d), widen(sc)));
-  _mm256_storeu_ps(b, _mm256_mul_ps(_mm256_set1_ps(dmin), widen(mn)));
-#else
-  for (int j = 0; j < 4; j++) {
-    a[j] = d * (float)(s[j] & 0x3F);
-    b[j] = dmin * (float)(s[4 + j] & 0x3F);
-    a[4 + j] = d * (float)((s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30));
-    b[4 + j] = dmin * (float)((s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30));
-  }
-#endif
+  scale_u8x8(sc, d, a);
+  scale_u8x8(mn, dmin, b);
 }
 
 // Q6_K: d times its 16 int8 scales
-inline void q6_scales(const uint8_t* blk, float (&a)[16]) {
-  const float d = h2f(blk + 208);
-  const uint8_t* sc = blk + 192;
-#if SWK_ISA
-  const __m128i v = _mm_loadu_si128((const __m128i*)sc);
-  const __m256 dv = _mm256_set1_ps(d);
-  _mm256_storeu_ps(a, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
-  _mm256_storeu_ps(a + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
-#else
-  for (int i = 0; i < 16; i++) a[i] = d * (float)(int8_t)sc[i];
-#endif
-}
+inline void q6_scales(const uint8_t* blk, float (&a)[16]) { scale_i8x16(blk + 192, h2f(blk + 208), a); }
 
 #if SWK_ISA == 512
 // AVX-512: a 4-bit quant indexes a 16-float table (vpermps reads only the index's low 4 bits: no masking), a 5-bit
@@ -162,55 +69,47 @@ inline void q6_scales(const uint8_t* blk, float (&a)[16]) {
 // products gguf computes, built once per block or sub-block in place of converting and scaling every element.
 template <int T> constexpr bool kLut = T == Q4_0 || T == Q4_1 || T == Q5_0 || T == Q4_K || T == Q5_K;
 
-inline __m512 iota(float base) {
-  return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(base));
-}
-inline __m512 table(float a, __m512 i) { return _mm512_mul_ps(_mm512_set1_ps(a), i); }
-inline __m512 table(float a, __m512 i, float b) { return _mm512_sub_ps(table(a, i), _mm512_set1_ps(b)); }
-inline __m512i bytes16(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
-inline __m512 pick(__m512i idx, __m512 lo, __m512 hi, __mmask16 high) {
-  return _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(idx, lo), high, idx, hi);
-}
+inline vec table(float a, vec i) { return vmul(vset1(a), i); }
+inline vec table(float a, vec i, float b) { return vsub(table(a, i), vset1(b)); }
 
 template <int T, class F>
 inline void decode_lut(const uint8_t* blk, F&& f) {
   vec w[NV];
   if constexpr (T == Q4_0 || T == Q4_1) {
     const float d = h2f(blk);
-    const __m512 t = T == Q4_0 ? table(d, iota(-8.f)) : table(d, iota(0.f), -h2f(blk + 2));
-    const __m512i q = bytes16(blk + (T == Q4_0 ? 2 : 4));
-    w[0] = _mm512_permutexvar_ps(q, t);
-    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), t);
+    const vec t = T == Q4_0 ? table(d, viota(-8.f)) : table(d, viota(), -h2f(blk + 2));
+    const vidx q = vidx_u8(blk + (T == Q4_0 ? 2 : 4));
+    w[0] = vlookup(q, t);
+    w[1] = vlookup(vidx_shr(q, 4), t);
     f(0, w);
   } else if constexpr (T == Q5_0) {
     const float d = h2f(blk);
     uint32_t qh;
     memcpy(&qh, blk + 2, 4);
-    const __m512 lo = table(d, iota(-16.f)), hi = table(d, iota(0.f));
-    const __m512i q = bytes16(blk + 6);
-    w[0] = pick(q, lo, hi, (__mmask16)qh);
-    w[1] = pick(_mm512_srli_epi32(q, 4), lo, hi, (__mmask16)(qh >> 16));
+    const vec lo = table(d, viota(-16.f)), hi = table(d, viota());
+    const vidx q = vidx_u8(blk + 6);
+    w[0] = vlookup2(q, lo, hi, qh & 0xFFFF);
+    w[1] = vlookup2(vidx_shr(q, 4), lo, hi, qh >> 16);
     f(0, w);
   } else {  // Q4_K, Q5_K
     float a[8], b[8];
     k_scales(blk, a, b);
     const uint8_t* qs = blk + (T == Q4_K ? 16 : 48);
-    const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {  // chunks 2p (low nibbles) and 2p + 1 (high) of the same 32 bytes
-      const __m512i q0 = bytes16(qs + 32 * p), q1 = bytes16(qs + 32 * p + 16);
+      const vidx q0 = vidx_u8(qs + 32 * p), q1 = vidx_u8(qs + 32 * p + 16);
       for (int h = 0; h < 2; h++) {
         const int c = 2 * p + h;
-        const __m512i i0 = h ? _mm512_srli_epi32(q0, 4) : q0, i1 = h ? _mm512_srli_epi32(q1, 4) : q1;
-        const __m512 lo = table(a[c], iota(0.f), b[c]);
+        const vidx i0 = h ? vidx_shr(q0, 4) : q0, i1 = h ? vidx_shr(q1, 4) : q1;
+        const vec lo = table(a[c], viota(), b[c]);
         if constexpr (T == Q4_K) {
-          w[0] = _mm512_permutexvar_ps(i0, lo);
-          w[1] = _mm512_permutexvar_ps(i1, lo);
+          w[0] = vlookup(i0, lo);
+          w[1] = vlookup(i1, lo);
         } else {
-          const __m512 hi = table(a[c], iota(16.f), b[c]);
-          const __mmask32 k = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << c)));
-          w[0] = pick(i0, lo, hi, (__mmask16)k);
-          w[1] = pick(i1, lo, hi, (__mmask16)(k >> 16));
+          const vec hi = table(a[c], viota(16.f), b[c]);
+          const uint32_t k = bits_at32(blk + 16, c);   // qh: bit c of byte l, element l of chunk c's fifth bit
+          w[0] = vlookup2(i0, lo, hi, k & 0xFFFF);
+          w[1] = vlookup2(i1, lo, hi, k >> 16);
         }
         f(c, w);
       }
@@ -284,14 +183,13 @@ inline void decode(const uint8_t* blk, F&& f) {
       const int h = c / 4, u = c % 4;
       const uint8_t* pl = ql + 64 * h + 32 * (u & 1);
       const uint8_t* ph = qh + 32 * h;
-#if SWK_ISA  // the same byte ops 32 at a time
-      const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(0x0F);
-      const __m256i l = _mm256_loadu_si256((const __m256i*)pl), hb = _mm256_loadu_si256((const __m256i*)ph);
-      const __m256i q = _mm256_sub_epi8(
-          _mm256_or_si256(_mm256_and_si256((u >> 1) ? _mm256_srli_epi16(l, 4) : l, m15),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * u), m3), 4)),
-          _mm256_set1_epi8(32));
-      const b16 lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+#if SWI_SIMD  // the same byte ops 32 at a time
+      const iv l = i_ld(pl), hb = i_ld(ph);
+      const iv q = i8_sub(i_or(i_and((u >> 1) ? i16_shr(l, 4) : l, i8_set1(0x0F)),
+                               i16_shl(i_and(i16_shr(hb, 2 * u), i8_set1(3)), 4)),
+                          i8_set1(32));
+      b16 lo, hi;
+      i_halves(q, &lo, &hi);
 #else
       const b16 lo = bsub(bor(nib(ld16(pl), u >> 1), two_at(ld16(ph), 2 * u)), 32);
       const b16 hi = bsub(bor(nib(ld16(pl + 16), u >> 1), two_at(ld16(ph + 16), 2 * u)), 32);
@@ -424,33 +322,28 @@ void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
 // Lanes: v0 holds bytes [0,16) [32,48) [64,80) [96,112) of qs, v1 bytes [16,32) [48,64) [80,96) [112,128). Lane j's
 // byte s (step v = s, or 4 + s for v1) nibble h is element 32 (2 (j / 4) + h) + 16 (v / 4) + 4 (j % 4) + s.
 struct Q4K {
-  __m512i v0, v1;
-  __m512 a0, a1, b;  // per lane: the scale of its chunk for h = 0 and 1; b: the 8 chunks' mins, then 8 zeros
+  vidx v0, v1;
+  vec a0, a1, b;  // per lane: the scale of its chunk for h = 0 and 1; b: the 8 chunks' mins, then 8 zeros
 };
 
 inline Q4K q4k_load(const uint8_t* blk) {
   float a[8], b[8];
   k_scales(blk, a, b);
   const uint8_t* qs = blk + 16;
-  auto quarter = [&](int o) { return _mm_loadu_si128((const __m128i*)(qs + o)); };
   Q4K q;
-  q.v0 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(quarter(0)), quarter(32), 1),
-                                               quarter(64), 2), quarter(96), 3);
-  q.v1 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(quarter(16)), quarter(48), 1),
-                                               quarter(80), 2), quarter(112), 3);
-  const __m512 a16 = _mm512_castps256_ps512(_mm256_loadu_ps(a));
-  q.a0 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), a16);
-  q.a1 = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), a16);
-  q.b = _mm512_zextps256_ps512(_mm256_loadu_ps(b));
+  q.v0 = vidx_bytes4x16(qs, 0, 32, 64, 96);
+  q.v1 = vidx_bytes4x16(qs, 16, 48, 80, 112);
+  q.a0 = vspread4(a, 0);
+  q.a1 = vspread4(a, 1);
+  q.b = vld_tail(b, 8);   // the 8 mins, then 8 zeros
   return q;
 }
 
 // The 16 quants (as floats 0..15) of step v, nibble h: vpermps reads only each lane's low 4 bits.
-inline __m512 q4k_q(const Q4K& q, int h, int v) {
-  const __m512i src = v < 4 ? q.v0 : q.v1;
+inline vec q4k_q(const Q4K& q, int h, int v) {
+  const vidx src = v < 4 ? q.v0 : q.v1;
   const int sh = 8 * (v % 4) + 4 * h;
-  const __m512 iota16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  return _mm512_permutexvar_ps(sh ? _mm512_srli_epi32(src, sh) : src, iota16);
+  return vlookup(sh ? vidx_shr(src, sh) : src, viota());
 }
 
 // x [M, K] -> xp [M, K] (each 256-block in lane order: h * 128 + 16 v + j) and xs [M, K / 16] (per block: its 8
@@ -498,13 +391,13 @@ void q4k_tile(const float* xp, const float* xs, int64_t K, const uint8_t* w, int
           const vec qf = q4k_q(q, h, v);
           for (int m = 0; m < M_; m++) {
             const vec xv = vld(xb + m * K + h * 128 + 16 * v);
-            P[m] = v ? vfma(qf, xv, P[m]) : _mm512_mul_ps(qf, xv);
+            P[m] = v ? vfma(qf, xv, P[m]) : vmul(qf, xv);
           }
         }
         for (int m = 0; m < M_; m++) acc[r][m] = vfma(P[m], h ? q.a1 : q.a0, acc[r][m]);
       }
       for (int m = 0; m < M_; m++)
-        acc[r][m] = _mm512_fnmadd_ps(q.b, vld(xs + m * (K / 16) + blk * 16), acc[r][m]);
+        acc[r][m] = vfnma(q.b, vld(xs + m * (K / 16) + blk * 16), acc[r][m]);
     }
   }
   for (int r = 0; r < R; r++)
