@@ -272,12 +272,12 @@ def test_rows_pair_only_where_the_int8_kernel_runs_pairs(eng, monkeypatch, isa, 
     from types import SimpleNamespace
     from swiftk.runtime.ops import cpu_quant
 
-    def need():
+    def need():   # the library cpu_quant binds, or its error where there is none
         if isa is None:
             raise SwiftkError("CPU quant kernel unavailable: test")
+        return SimpleNamespace(swk_qi_isa=lambda: isa)
 
     monkeypatch.setattr(cpu_quant, "_need", need)
-    monkeypatch.setattr(cpu_quant, "_lib", SimpleNamespace(swk_qi_isa=lambda: isa))
     monkeypatch.setattr(eng.model, "weights", "native", raising=False)
     monkeypatch.setattr(eng.model, "activations", "int8", raising=False)
     assert CostModel(eng.model).pairs is pairs
