@@ -40,7 +40,7 @@ def _say(msg: str) -> None:
 
 def ensure() -> Path:
     """The build folder, building it first when a target is missing (~5 min on 2 cores, a line per step)."""
-    if all(binary(t).is_file() for t in TARGETS):
+    if all(binary(t).is_file() for t in TARGETS) and not _amx_faults(root() / "build"):
         return root() / "build"
     cmake = shutil.which("cmake")
     if cmake is None:
@@ -60,23 +60,51 @@ def ensure() -> Path:
             shutil.copytree(vendored, tmp)
             os.replace(tmp, src)
     build = root() / "build"
+    _configure_and_build(cmake, src, build, [])
+    if _amx_faults(build):
+        # -march=native turns on AMX where /proc/cpuinfo lists it, but a VM may list it without letting a process
+        # use the tiles: llama-bench's prompt pass then dies on SIGILL (seen on a KVM guest of an AMX Xeon). GCC
+        # keeps explicit -mno-* flags whatever -march comes later, so this is the native build minus AMX.
+        _say("this build's AMX kernels die on SIGILL here (AMX listed but not usable): rebuilding without AMX")
+        _configure_and_build(cmake, src, build, [f"-DCMAKE_{lang}_FLAGS={NO_AMX}" for lang in ("C", "CXX")])
+        (build / "NO_AMX").write_text(NO_AMX + "\n")
+    return build
+
+
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _configure_and_build(cmake: str, src: Path, build: Path, extra: list) -> None:
     t0 = time.perf_counter()
-    _say(f"configuring {src} (cmake -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, Release)")
+    _say(f"configuring {src} (cmake -DGGML_NATIVE=ON -DLLAMA_CURL=OFF {' '.join(extra)}, Release)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True,
+                    "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *extra], check=True,
                    stdout=subprocess.DEVNULL)
     _say(f"building {', '.join(TARGETS)} (~5 min on 2 cores)")
     subprocess.run([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)], check=True,
                    stdout=subprocess.DEVNULL)
     _say(f"built in {time.perf_counter() - t0:.0f} s")
-    return build
+
+
+def _amx_faults(build: Path) -> bool:
+    """True when this build uses AMX and its prompt pass dies on SIGILL (one 64-token llama-bench run)."""
+    cache = (build / "CMakeCache.txt").read_text(errors="replace") if (build / "CMakeCache.txt").is_file() else ""
+    if "amx" not in Path("/proc/cpuinfo").read_text(errors="replace") or "mno-amx" in cache:
+        return False
+    from swiftk.loading.registry import resolve_model
+
+    r = subprocess.run([str(build / "bin" / "llama-bench"), "-m", str(resolve_model("smollm2-135m")), "-t", "1",
+                        "-p", "64", "-n", "0", "-r", "1"], capture_output=True, timeout=300)
+    return r.returncode in (-4, 132)
 
 
 def build_info(gguf: Path, threads: int) -> dict:
     """llama.cpp's own account of the build: version, commit, and the CPU backend's features (one tiny run)."""
     r = subprocess.run([str(binary("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "1",
                         "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=300)
-    info = {"sdist": f"llama-cpp-python=={VERSION} vendor/llama.cpp", "cmake": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF",
+    no_amx = (root() / "build" / "NO_AMX").is_file()
+    info = {"sdist": f"llama-cpp-python=={VERSION} vendor/llama.cpp",
+            "cmake": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" + (f" -DCMAKE_C(XX)_FLAGS='{NO_AMX}'" if no_amx else ""),
             "bin": str(binary("llama-bench").parent)}
     try:
         row = json.loads(r.stdout)[0]
