@@ -9,8 +9,8 @@
 // Files: this header is the matmul, whatever the format: the activation quantizer, the packed layout, the vector
 // paths and the scalar driver. Each format family's file defines the format (Codec<T>: its packed fields, its scalar
 // definition, its vector decode) and instantiates the matmul for it: cpu_qdot_q4.cpp (Q4_0, Q4_1), cpu_qdot_q58.cpp
-// (Q5_0, Q8_0), cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp, cpu_qdot_q6k.cpp (separate translation units: the build compiles
-// them in parallel). cpu_qdot.cpp holds the entry points. No file here holds an intrinsic: the vector ops and
+// (Q5_0, Q8_0), cpu_qdot_q4k.cpp and cpu_qdot_q5k.cpp (both over KCodec45, below), cpu_qdot_q6k.cpp (separate
+// units: the build compiles them in parallel). cpu_qdot.cpp holds the entry points. No file here holds an intrinsic: the vector ops and
 // integer dot products are cpu_simd.h's (iv/fv lanes, u8i8_pairs, i16_pairs, u8i8_dot, and the 512-bit zv/zf).
 //
 // Why: with float32 activations every weight costs a float FMA per activation row, so a verify pass of 8 tokens
@@ -816,6 +816,59 @@ int by_type(int type, F&& f) {
     default: return -2;
   }
 }
+
+// Q4_K and Q5_K, the codec both family files use (cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp): a superblock of 256 weights
+// in 8 sub-blocks of 32, 4-bit quants q (Q5_K: a fifth bit per weight in 32 bytes qh, bit s of byte l for element l
+// of sub-block s), per sub-block a 6-bit scale sc and min mn (swk_gguf::k_scale_min), float16 d and dmin:
+// w = d sc q - dmin mn. Packed: d, dmin, the scale bytes, [qh,] the 128 quant bytes of the 8 rows.
+template <int T>
+struct KCodec45 {
+  static constexpr bool kHigh = T == Q5_K;
+  static constexpr int kQs = kHigh ? 48 : 16;      // the quants' offset in the file's block
+  static constexpr int kQsPacked = kHigh ? 384 : 128;   // and in a packed group's block
+
+  SWK_QDOT_SCALAR static float ref_block(const uint8_t* blk, const QX& X, int64_t m, int64_t b, float acc) {
+    const int8_t* x = X.q.data() + m * X.K + 256 * b;
+    const int64_t i0 = m * (X.K / 32) + 8 * b;   // the superblock's first activation block
+    uint8_t sc[8], mn[8];
+    k_scale_min(blk + 4, sc, mn);
+    const float d = h2f(blk), dmin = h2f(blk + 2);
+    for (int s = 0; s < 8; s++) {   // sub-blocks 2k and 2k + 1: the low and high nibbles of 32 bytes
+      int32_t u = 0;
+      for (int l = 0; l < 32; l++) {
+        int q = (blk[kQs + 32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+        if (kHigh) q |= ((blk[16 + l] >> s) & 1) << 4;
+        u += q * x[32 * s + l];
+      }
+      acc = fmaf((float)(sc[s] * u), d * X.d[i0 + s], acc);
+      acc = fmaf(-(dmin * (float)mn[s]), X.ds[i0 + s], acc);   // dmin * mn is exact (11 x 6 bits)
+    }
+    return acc;
+  }
+
+#if SWI_SIMD
+  template <class P>
+  static inline void unpack(const uint8_t* p, int, Span& S, P&& put) {
+    S.d = f8_f16(p);
+    S.dm = f8_f16(p + 16);
+    unpack_k_scales(p + 32, S);
+#pragma GCC unroll 16
+    for (int pr = 0; pr < 4; pr++) {   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
+      iv q[8];
+#pragma GCC unroll 16
+      for (int c = 0; c < 8; c++) q[c] = i_ld(p + kQsPacked + 256 * pr + 32 * c);
+#pragma GCC unroll 16
+      for (int h = 0; h < 2; h++)
+#pragma GCC unroll 16
+        for (int c = 0; c < 8; c++) {
+          iv w = h ? i8_hi4(q[c]) : i8_lo4(q[c]);
+          if (kHigh) w = i_or(w, i8_bit_to4(i_ld(p + 128 + 32 * c), 2 * pr + h));   // the fifth bits
+          put(16 * pr + 8 * h + c, w);
+        }
+    }
+  }
+#endif
+};
 
 // The formats' heavy templates are instantiated once each, in their family's file (SWK_QDOT_FAMILY below)
 #define SWK_QDOT_TEMPLATES(T, EXT)                                                                    \
