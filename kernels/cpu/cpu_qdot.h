@@ -419,11 +419,30 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
 // passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles. Measured on the
 // registry models' matrices (2 threads, AVX2): direct ahead at 8 rows and (32-element formats) up to 32, the tiles
 // ahead for the K formats from 8 rows on and for every format at 128.
-// direct() prefetches the packed weights this many bytes ahead of the block it multiplies, each cache line once.
-// A decode step is a stream through memory whose arithmetic per byte is small; the hardware prefetchers alone
-// left it at ~12 GB/s on a 20-25 GB/s AMD EPYC (AVX2), 4096 bytes ahead reached 15-19 (2048: 15, 8192: 16-17).
+// direct() prefetches the packed weights ahead of the block it multiplies, each cache line once. A decode step is a
+// stream through memory whose arithmetic per byte is small; how to prefetch it depends on the core (bench.library_ab):
+// - AMD (EPYC, Zen 3, 20-25 GB/s): the hardware prefetchers alone left it at ~12 GB/s; into L1 (T0) 4096 bytes ahead
+//   reached 15-19 (2048: 15, 8192: 16-17).
+// - Intel (an AMX Xeon guest, 23 GB/s), the K formats in passes of 1-4 rows: a group's block is 18 lines (the
+//   32-element formats' 3-4), whose T0 prefetches held the line fill buffers (68% of the samples on the instruction
+//   after prefetcht0); into L2 (T2) 8192 bytes ahead, Qwen2.5-Coder-1.5B's decode step took 0.78x the time and its
+//   passes of 2-4 rows 0.89x. Passes of 8-16 rows, whose products hide the latency, ran 3-7% faster with T0, and
+//   the 32-element formats kept T0: with T2, SmolLM2's step took 1.3x.
 #ifndef SWI_PFD
 #define SWI_PFD 4096
+#endif
+#ifndef SWI_PFD_L2
+#define SWI_PFD_L2 8192
+#endif
+#ifdef SWI_PF_L2   // forced (bench.library_ab's arms), else by the CPU's vendor at load
+inline const bool kIntel = SWI_PF_L2;
+#elif defined(__x86_64__)
+inline const bool kIntel = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel") != 0;
+}();
+#else
+inline const bool kIntel = false;
 #endif
 template <int T> constexpr int kDirectMax = Fmt<T>::BS == 32 ? 16 : 4;
 // activation rows per tile, by groups per tile: what the 16 AVX2 vector registers hold
@@ -446,10 +465,17 @@ inline void span_rows(const Span* S, int nb, const QX& X, int64_t b0, float* acc
   }
 }
 
-// The cache lines starting inside the n bytes at blk, SWI_PFD ahead: each line once (groups lie back to back).
+// The cache lines starting inside the n bytes at blk, SWI_PFD (L1) or SWI_PFD_L2 (L2) ahead: each line once (groups
+// lie back to back).
+template <int T, int ROWS>
 inline void prefetch_ahead(const uint8_t* blk, int n) {
-  const uintptr_t q = (uintptr_t)(blk + SWI_PFD);
-  for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 3);
+  if (Fmt<T>::BS == 256 && ROWS <= 4 && kIntel) {
+    const uintptr_t q = (uintptr_t)(blk + SWI_PFD_L2);
+    for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 1);
+  } else {
+    const uintptr_t q = (uintptr_t)(blk + SWI_PFD);
+    for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 3);
+  }
 }
 
 // Activation rows m0 .. m0 + MT - 1 (MT <= 4) against one group's packed blocks b0 .. b0 + nb - 1, each weight vector
@@ -463,7 +489,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
   const iv zero = i_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t b = b0 + bi, a0 = b * (Fmt<T>::BS / 32);
-    prefetch_ahead(p + bi * GBT, GBT);
+    prefetch_ahead<T, MT>(p + bi * GBT, GBT);
     const int8_t* x[MT];
     iv isum[MT], part[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's products
     for (int m = 0; m < MT; m++) {
@@ -607,7 +633,7 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
   const zv zero = z_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t a0 = bi * (Fmt<T>::BS / 32);
-    prefetch_ahead(p + bi * GBT, GBT);
+    prefetch_ahead<T, 2 * MP>(p + bi * GBT, GBT);
     const int32_t* x[MP];
     zv isum[MP], part[MP];
     for (int m = 0; m < MP; m++) {
