@@ -425,8 +425,8 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
 //   reached 15-19 (2048: 15, 8192: 16-17).
 // - Intel (an AMX Xeon guest, 23 GB/s), the K formats in passes of 1-4 rows: a group's block is 18 lines (the
 //   32-element formats' 3-4), whose T0 prefetches held the line fill buffers (68% of the samples on the instruction
-//   after prefetcht0); into L2 (T2) 8192 bytes ahead, Qwen2.5-Coder-1.5B's decode step took 0.78x the time and its
-//   passes of 2-4 rows 0.89x. Passes of 8-16 rows, whose products hide the latency, ran 3-7% faster with T0, and
+//   after prefetcht0); into L2 (T2) 8192 bytes ahead, Qwen2.5-Coder-1.5B's decode step took 0.73x the time and its
+//   passes of 2-4 rows 0.85-0.88x. Passes of 8-16 rows, whose products hide the latency, ran 3-7% faster with T0, and
 //   the 32-element formats kept T0: with T2, SmolLM2's step took 1.3x.
 #ifndef SWI_PFD
 #define SWI_PFD 4096
