@@ -162,7 +162,15 @@ def summarize(ph: dict, ref: dict) -> dict:
             "latency_p50_s": _pct([r["latency_s"] for r in reqs], 50),
             "latency_p99_s": _pct([r["latency_s"] for r in reqs], 99),
             "ttft_p50_s": _pct([r["ttft_s"] for r in reqs], 50), "ttft_p99_s": _pct([r["ttft_s"] for r in reqs], 99),
-            "equal": sum(1 for r in reqs if ref.get(r["id"]) == r["text"]), "n": len(reqs)}
+            # None: no reference (llama.cpp's is its own 1-client run, absent when --clients leaves out 1)
+            "equal": sum(1 for r in reqs if ref.get(r["id"]) == r["text"]) if ref else None, "n": len(reqs)}
+
+
+def _equal(runs: list) -> str:
+    """The fewest answers equal to the reference over the runs, or why there is no reference."""
+    if any(r["equal"] is None for r in runs):
+        return "n/a (no 1-client run)"
+    return f"{min(r['equal'] for r in runs)}/{runs[0]['n']}"
 
 
 def main(argv=None) -> int:
@@ -196,7 +204,7 @@ def main(argv=None) -> int:
     items = [{"id": f"{w}/{it['id']}", "text": it["text"], "chat": it["chat"]} for w, its in prompts.items()
              for it in its]
     # the reference: each prompt decoded alone, plain autoregressive, in process
-    ref, inproc = {}, []
+    ref = {}
     for it in items:
         kw = dict(max_new_tokens=a.max_tokens, prefix_cache=False)
         p = [{"role": "user", "content": it["text"]}] if it["chat"] else it["text"]
@@ -229,7 +237,7 @@ def main(argv=None) -> int:
                 s = summarize(ph, ref if arm == "swiftk" else llama_ref.get(arm, {}))
                 results.setdefault((c, arm), []).append(s)
                 print(f"clients {c} rep {rep + 1}/{a.reps} {arm:18s} {s['tok_s']:7.1f} tok/s  p50 lat "
-                      f"{s['latency_p50_s']:.2f}s  p99 ttft {s['ttft_p99_s']:.2f}s  equal {s['equal']}/{s['n']}"
+                      f"{s['latency_p50_s']:.2f}s  p99 ttft {s['ttft_p99_s']:.2f}s  equal {_equal([s])}"
                       f"  errors {s['errors']}", flush=True)
     gb.append(round(read_bandwidth(), 1))
     table = []
@@ -239,7 +247,7 @@ def main(argv=None) -> int:
         if arm != "inproc":
             mid = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
             row.update({k: round(mid[k], 3) for k in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")})
-            row.update(equal=f"{min(r['equal'] for r in runs)}/{runs[0]['n']}", errors=sum(r["errors"] for r in runs))
+            row.update(equal=_equal(runs), errors=sum(r["errors"] for r in runs))
         table.append(row)
     lines = [f"| clients | arm | tokens/s (median of {a.reps}) | runs | p50 / p99 latency s | p50 / p99 TTFT s | "
              "equal to reference | errors |", "|---:|---|---:|---|---|---|---|---:|"]
