@@ -75,6 +75,7 @@ NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 def _configure_and_build(cmake: str, src: Path, build: Path, extra: list) -> None:
+    (build / "AMX_OK").unlink(missing_ok=True)   # a new build is probed again
     t0 = time.perf_counter()
     _say(f"configuring {src} (cmake -DGGML_NATIVE=ON -DLLAMA_CURL=OFF {' '.join(extra)}, Release)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
@@ -91,11 +92,16 @@ def _amx_faults(build: Path) -> bool:
     cache = (build / "CMakeCache.txt").read_text(errors="replace") if (build / "CMakeCache.txt").is_file() else ""
     if "amx" not in Path("/proc/cpuinfo").read_text(errors="replace") or "mno-amx" in cache:
         return False
+    if (build / "AMX_OK").is_file():   # probed once after this build
+        return False
     from swiftk.loading.registry import resolve_model
 
     r = subprocess.run([str(build / "bin" / "llama-bench"), "-m", str(resolve_model("smollm2-135m")), "-t", "1",
                         "-p", "64", "-n", "0", "-r", "1"], capture_output=True, timeout=300)
-    return r.returncode in (-4, 132)
+    if r.returncode in (-4, 132):
+        return True
+    (build / "AMX_OK").write_text("a 64-token llama-bench prompt pass ran\n")
+    return False
 
 
 def build_info(gguf: Path, threads: int) -> dict:

@@ -434,15 +434,17 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
 #ifndef SWI_PFD_L2
 #define SWI_PFD_L2 8192
 #endif
-#ifdef SWI_PF_L2   // forced (bench.library_ab's arms), else by the CPU's vendor at load
-inline const bool kIntel = SWI_PF_L2;
+// Whether this core wants the small K-format passes prefetched into L2: Intel's. SWI_PF_L2 forces it
+// (bench.library_ab's arms).
+#ifdef SWI_PF_L2
+inline const bool kPrefetchL2 = SWI_PF_L2;
 #elif defined(__x86_64__)
-inline const bool kIntel = [] {
+inline const bool kPrefetchL2 = [] {
   __builtin_cpu_init();
   return __builtin_cpu_is("intel") != 0;
 }();
 #else
-inline const bool kIntel = false;
+inline const bool kPrefetchL2 = false;
 #endif
 template <int T> constexpr int kDirectMax = Fmt<T>::BS == 32 ? 16 : 4;
 // activation rows per tile, by groups per tile: what the 16 AVX2 vector registers hold
@@ -465,17 +467,20 @@ inline void span_rows(const Span* S, int nb, const QX& X, int64_t b0, float* acc
   }
 }
 
-// The cache lines starting inside the n bytes at blk, SWI_PFD (L1) or SWI_PFD_L2 (L2) ahead: each line once (groups
-// lie back to back).
+// The cache lines starting inside the n bytes at blk, DIST ahead, with locality HINT: each line once (groups lie back
+// to back).
+template <int DIST, int HINT>
+inline void prefetch_lines(const uint8_t* blk, int n) {
+  const uintptr_t q = (uintptr_t)(blk + DIST);
+  for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, HINT);
+}
+
+// A pass of ROWS rows at a group's block of format T: into L2 (T2) SWI_PFD_L2 ahead where that paid, else into L1
+// (T0) SWI_PFD ahead.
 template <int T, int ROWS>
 inline void prefetch_ahead(const uint8_t* blk, int n) {
-  if (Fmt<T>::BS == 256 && ROWS <= 4 && kIntel) {
-    const uintptr_t q = (uintptr_t)(blk + SWI_PFD_L2);
-    for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 1);
-  } else {
-    const uintptr_t q = (uintptr_t)(blk + SWI_PFD);
-    for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, 3);
-  }
+  if (Fmt<T>::BS == 256 && ROWS <= 4 && kPrefetchL2) prefetch_lines<SWI_PFD_L2, 1>(blk, n);
+  else prefetch_lines<SWI_PFD, 3>(blk, n);
 }
 
 // Activation rows m0 .. m0 + MT - 1 (MT <= 4) against one group's packed blocks b0 .. b0 + nb - 1, each weight vector
