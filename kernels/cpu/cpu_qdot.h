@@ -231,6 +231,10 @@ void unpack_rows(const uint8_t* packed, int64_t N, int64_t K, const int64_t* ids
 template <int T> constexpr int kG = T == Q4_0 || T == Q4_1 || T == Q4_K ? 8 : T == Q5_0 || T == Q5_K ? 4 : 2;
 // weight vectors per scale: a 32-element block or K sub-block is 8 (4 bytes of 8 rows each), Q6_K's 16 elements 4
 template <int T> constexpr int kVS = T == Q6_K ? 4 : 8;
+// Q4_K and Q5_K with VNNI: a sub-block's integer sum u times its scale sc in float, float(u) * float(sc), not
+// float(sc * u): both are exact (|sc * u| <= 63 * 32 * 31 * 127 < 2^24), so the bits are the same, and a float
+// multiply is one uop where vpmulld is two on the port the dot products need
+template <int T> constexpr bool kFloatScale = SWI_VNNI && (T == Q4_K || T == Q5_K);
 // weight vectors per decoded span: 8 blocks of a 32-element format or one K superblock (256 elements per row)
 constexpr int kSpanV = 64;
 
@@ -242,6 +246,7 @@ struct alignas(32) Span {
   fv d, dm;          // K formats: d, dmin
   iv sc16[16];       // per sub-block: each row's scale in both int16 halves of its lane
   iv sc32[16];       // the same as int32 (VNNI)
+  fv scf[8];         // Q4_K/Q5_K with VNNI: the same as float32 (kFloatScale)
   iv mn[8];          // Q6_K: per 32 elements its two scales as an int16 pair
   fv mnf[8];         // Q4_K/Q5_K: per sub-block each row's dmin * min (exact in float32)
 };
@@ -258,6 +263,7 @@ inline void unpack_k_scales(const uint8_t* p, Span& S) {
   for (int s = 0; s < 8; s++) {
 #if SWI_VNNI
     S.sc32[s] = i8_pick(s < 4 ? sclo : schi, s % 4, -1, -1, -1);
+    S.scf[s] = f8_i32(S.sc32[s]);
 #else
     S.sc16[s] = i8_pick(s < 4 ? sclo : schi, s % 4, -1, s % 4, -1);
 #endif
@@ -419,22 +425,24 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
 // passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles. Measured on the
 // registry models' matrices (2 threads, AVX2): direct ahead at 8 rows and (32-element formats) up to 32, the tiles
 // ahead for the K formats from 8 rows on and for every format at 128.
-// direct() prefetches the packed weights ahead of the block it multiplies, each cache line once. A decode step is a
-// stream through memory whose arithmetic per byte is small; how to prefetch it depends on the core (bench.library_ab):
-// - AMD (EPYC, Zen 3, 20-25 GB/s): the hardware prefetchers alone left it at ~12 GB/s; into L1 (T0) 4096 bytes ahead
-//   reached 15-19 (2048: 15, 8192: 16-17).
-// - Intel (an AMX Xeon guest, 23 GB/s), the K formats in passes of 1-4 rows: a group's block is 18 lines (the
-//   32-element formats' 3-4), whose T0 prefetches held the line fill buffers (68% of the samples on the instruction
-//   after prefetcht0); into L2 (T2) 8192 bytes ahead, Qwen2.5-Coder-1.5B's decode step took 0.73x the time and its
-//   passes of 2-4 rows 0.85-0.88x. Passes of 8-16 rows, whose products hide the latency, ran 3-7% faster with T0, and
-//   the 32-element formats kept T0: with T2, SmolLM2's step took 1.3x.
+// direct() and direct2() prefetch the packed weights ahead of the block they multiply, each cache line once
+// (ahead_block, below). A decode step is a stream through memory whose arithmetic per byte is small; how to prefetch
+// it depends on the core (bench.library_ab):
+// - AMD (EPYC, Zen 3, 20-25 GB/s): the hardware prefetchers alone left it at ~12 GB/s; into L1 (T0) 4096 bytes ahead,
+//   a block's lines at its start, reached 15-19 (2048: 15, 8192: 16-17).
+// - Intel (an AMX Xeon guest, 23-25 GB/s): a group's K-format block is 18-26 lines. Issued at once, their T0
+//   prefetches held the line fill buffers (68% of the samples on the instruction after prefetcht0); T2 8192 bytes
+//   ahead, still at once, took Qwen2.5-Coder-1.5B's step 0.73x (no software prefetch ran about as fast). Spread
+//   over the block's unpacking, one line every 2-4 weight vectors, T2 took it another 0.73-0.78x, to the read
+//   bandwidth measured beside it, and its passes of 2-16 rows 0.8-0.9x; the 32-element formats too (Qwen-0.5B's
+//   step 0.92x, SmolLM2's 0.85x). 4096 and 16384 bytes ahead were 3% slower.
 #ifndef SWI_PFD
 #define SWI_PFD 4096
 #endif
 #ifndef SWI_PFD_L2
 #define SWI_PFD_L2 8192
 #endif
-// Whether this core wants the small K-format passes prefetched into L2: Intel's. SWI_PF_L2 forces it
+// Whether this core wants its weights prefetched into L2, spread over each block: Intel's. SWI_PF_L2 forces it
 // (bench.library_ab's arms).
 #ifdef SWI_PF_L2
 inline const bool kPrefetchL2 = SWI_PF_L2;
@@ -475,12 +483,21 @@ inline void prefetch_lines(const uint8_t* blk, int n) {
   for (uintptr_t a = (q + 63) & ~(uintptr_t)63; a < q + n; a += 64) __builtin_prefetch((const void*)a, 0, HINT);
 }
 
-// A pass of ROWS rows at a group's block of format T: into L2 (T2) SWI_PFD_L2 ahead where that paid, else into L1
-// (T0) SWI_PFD ahead.
-template <int T, int ROWS>
-inline void prefetch_ahead(const uint8_t* blk, int n) {
-  if (Fmt<T>::BS == 256 && ROWS <= 4 && kPrefetchL2) prefetch_lines<SWI_PFD_L2, 1>(blk, n);
-  else prefetch_lines<SWI_PFD, 3>(blk, n);
+// The prefetches ahead of a group's blocks of format T as they are unpacked: ahead_block() at a block's start,
+// ahead_vector() at its weight vector v. On Intel (kPrefetchL2) one line into L2 (T2) SWI_PFD_L2 ahead every few
+// vectors, each of the L lines the block's bytes may touch once; elsewhere all of them into L1 (T0) SWI_PFD ahead at
+// the block's start. (Free functions on locals: GCC 12 dropped the prefetches whose address was a struct member.)
+template <int T>
+inline const uint8_t* ahead_block(const uint8_t* blk) {
+  if (kPrefetchL2) return (const uint8_t*)(((uintptr_t)blk + SWI_PFD_L2) & ~(uintptr_t)63);
+  prefetch_lines<SWI_PFD, 3>(blk, 8 * Fmt<T>::TS);
+  return nullptr;
+}
+template <int T>
+inline void ahead_vector(const uint8_t* line0, int v) {
+  constexpr int L = (8 * Fmt<T>::TS + 127) / 64, NV = Fmt<T>::BS / 4;   // lines (+1: misalignment), vectors
+  static_assert(L <= NV, "a line per vector at most");
+  if (line0 && (v * L) % NV < L) __builtin_prefetch(line0 + 64 * (v * L / NV), 0, 1);
 }
 
 // Activation rows m0 .. m0 + MT - 1 (MT <= 4) against one group's packed blocks b0 .. b0 + nb - 1, each weight vector
@@ -494,7 +511,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
   const iv zero = i_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t b = b0 + bi, a0 = b * (Fmt<T>::BS / 32);
-    prefetch_ahead<T, MT>(p + bi * GBT, GBT);
+    const uint8_t* const line0 = ahead_block<T>(p + bi * GBT);
     const int8_t* x[MT];
     iv isum[MT], part[MT];   // part: the running int16 (AVX2) or int32 (VNNI) sum of the current scale's products
     for (int m = 0; m < MT; m++) {
@@ -503,6 +520,7 @@ inline void direct(const uint8_t* p, int nb, const QX& X, int64_t m0, int64_t b0
     }
     Codec<T>::unpack(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
       const int js = v / VS;   // the scale it falls under (K formats)
+      ahead_vector<T>(line0, v);
       for (int m = 0; m < MT; m++) {
         const iv xb = i32_bcast(x[m] + 4 * v);
         if constexpr (T == Q8_0 && !SWI_VNNI) {
@@ -594,7 +612,7 @@ inline void pair_rows(const QX& X, XP& Y) {
 }
 
 // The weight side of the float epilogue of 32 elements j, duplicated to 16 lanes once for all pairs.
-struct ZW { zf d, m; zv mn; };
+struct ZW { zf d, m, sc; zv mn; };
 template <int T>
 inline ZW zweights(const Span& S, int j) {
   ZW z;
@@ -605,6 +623,7 @@ inline ZW zweights(const Span& S, int j) {
     z.d = zf_dup2(S.d);
     if (T == Q6_K) z.mn = z_dup2(S.mn[j]);
     else z.m = zf_dup2(S.mnf[j]);
+    if (kFloatScale<T>) z.sc = zf_dup2(S.scf[j]);
   }
   return z;
 }
@@ -623,8 +642,9 @@ inline zf epilogue2(const ZW& z, const V& Y, int64_t p, int64_t a, zv isum, zf a
     const zv o = z16_pairs(z.mn, z_bcast8(&Y.s16[i]));
     isum = z32_sub(isum, z32_shl(o, 5));
     acc = zf_fma(zf_i32(isum), zf_mul(z.d, xd), acc);
-  } else {
-    acc = zf_fma(zf_i32(isum), zf_mul(z.d, xd), acc);
+  } else {   // Q4_K, Q5_K: with kFloatScale, isum is the unscaled sum
+    const zf u = kFloatScale<T> ? zf_mul(zf_i32(isum), z.sc) : zf_i32(isum);
+    acc = zf_fma(u, zf_mul(z.d, xd), acc);
     acc = zf_fnma(z.m, zf_bcast8(&Y.ds[i]), acc);
   }
   return acc;
@@ -638,7 +658,7 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
   const zv zero = z_zero();
   for (int bi = 0; bi < nb; bi++) {
     const int64_t a0 = bi * (Fmt<T>::BS / 32);
-    prefetch_ahead<T, 2 * MP>(p + bi * GBT, GBT);
+    const uint8_t* const line0 = ahead_block<T>(p + bi * GBT);
     const int32_t* x[MP];
     zv isum[MP], part[MP];
     for (int m = 0; m < MP; m++) {
@@ -646,9 +666,10 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
       isum[m] = part[m] = zero;
     }
     Codec<T>::unpack(p + bi * GBT, 0, S, [&](int v, iv w) {   // scales at 0: used within this block
+      ahead_vector<T>(line0, v);
       const zv W = z_dup2(T == Q8_0 ? i_xor(w, i8_set1(0x80)) : w);
       for (int m = 0; m < MP; m++) part[m] = z_dot(v % VS ? part[m] : zero, W, z_bcast8(x[m] + 2 * v));
-      if (v % VS == VS - 1) {
+      if (v % VS == VS - 1 && !kFloatScale<T>) {   // kFloatScale: part goes to the epilogue as it is
         if constexpr (Fmt<T>::BS == 256) {
           const zv sc = z_dup2(S.sc32[v / VS]);
           for (int m = 0; m < MP; m++) isum[m] = z32_add(isum[m], z32_mul(part[m], sc));
@@ -660,7 +681,7 @@ inline void direct2(const uint8_t* p, int nb, const V& Y, Span& S, zf (&acc)[MP]
         const int j = Fmt<T>::BS == 32 ? 0 : v / 8;
         const ZW z = zweights<T>(S, j);
         for (int m = 0; m < MP; m++) {
-          acc[m] = epilogue2<T>(z, Y, m, a0 + v / 8, isum[m], acc[m]);
+          acc[m] = epilogue2<T>(z, Y, m, a0 + v / 8, kFloatScale<T> ? part[m] : isum[m], acc[m]);
           isum[m] = zero;
         }
       }
