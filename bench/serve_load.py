@@ -7,13 +7,15 @@ Arms, one server at a time, each fresh per phase, in alternated order per repeti
   llama-<spec>  the same with ``--spec-type ngram-simple`` / ``ngram-mod`` (llama.cpp's draft-free speculation)
   inproc        swiftk ``generate`` in this process, one prompt after another (1 client only): what serving costs
 
-A phase: CLIENTS threads take the prompts (held-out HumanEval completions and chat questions, mixed) from one queue
+A phase: CLIENTS threads take the prompts (by default held-out HumanEval completions and chat questions, mixed;
+``--workloads`` picks others: ``edit`` requests, MT-Bench turn-1 questions, one workload per run) from one queue
 until all are answered; max_tokens, greedy, EOS honoured on both sides. Reported per phase: aggregate completion
 tokens/s (tokens / wall), p50/p99 request latency and time to first token, and how many answers equal the
 reference: for swiftk, ``generate(method="autoregressive")`` in process, alone; for llama.cpp, its own 1-client
 answers (llama.cpp has no batch-invariant mode). Medians over --reps (odd).
 
     python -m bench.serve_load --model smollm2-135m --clients 1,4,8 --n 6 --reps 3
+    python -m bench.serve_load --model smollm2-135m --clients 1 --workloads mtbench --n 1   # 1 per category: 8
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 SPECS = ("ngram-simple", "ngram-mod")
+WORKLOADS = ("humaneval", "chat", "edit", "mtbench")
 
 
 def _free_port() -> int:
@@ -177,8 +180,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--clients", default="1,4,8")
-    ap.add_argument("--n", type=int, default=6, help="prompts per workload (HumanEval completions, chat)")
+    ap.add_argument("--workloads", default="humaneval,chat", help=f"mixed in one queue, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--n", type=int, default=6, help="prompts per workload (MT-Bench: per category, of 8)")
     ap.add_argument("--skip", type=int, default=20, help="held out: pass over the first prompts of each workload")
+    ap.add_argument("--skip-mtbench", type=int, default=2, help="held out: the first MT-Bench questions per category")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3, help="odd: the median is a run")
     ap.add_argument("--threads", type=int, default=2)
@@ -188,6 +193,9 @@ def main(argv=None) -> int:
     if a.reps < 1 or a.reps % 2 == 0:
         raise SystemExit("--reps must be odd")
     clients = [int(c) for c in a.clients.split(",")]
+    workloads = [w for w in a.workloads.split(",") if w]
+    if not workloads or any(w not in WORKLOADS for w in workloads):
+        raise SystemExit(f"--workloads: a comma-separated list of {', '.join(WORKLOADS)}, got {a.workloads!r}")
 
     import torch
 
@@ -200,7 +208,7 @@ def main(argv=None) -> int:
     ensure()
     gguf = resolve_model(a.model)
     eng = swiftk.load(a.model, persist=False)
-    prompts = build_prompts(eng, ["humaneval", "chat"], a.n, 0, a.max_tokens, a.skip)
+    prompts = build_prompts(eng, workloads, a.n, a.n, a.max_tokens, a.skip, a.skip_mtbench)
     items = [{"id": f"{w}/{it['id']}", "text": it["text"], "chat": it["chat"]} for w, its in prompts.items()
              for it in its]
     # the reference: each prompt decoded alone, plain autoregressive, in process
