@@ -27,6 +27,7 @@ from .decoding.passes import autoregressive, full_logits, timed_passes
 from .decoding.prefix import may_reuse
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_layers, cpu_linear, describe
+from .runtime.weights import weight_pages
 from .proposers.datastore import EngineCorpus
 from .proposers.draft_head import engine_draft_head
 from .proposers.draft_model import load_draft_model
@@ -316,6 +317,7 @@ class Engine(EngineCorpus, Calls):
                 "arithmetic": self.model.arithmetic(),
                 "parameters": self.model.n_params(), "weight_bytes": self.model.weight_bytes(),
                 "resident_weight_bytes": self.model.resident_bytes(),
+                "weight_pages": weight_pages(self.model),
                 "weight_formats": self.model.formats(), "max_context": self.max_context,
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),

@@ -19,6 +19,7 @@ from ..runtime.config import ModelConfig, from_hf_config
 from ..errors import SwiftkError
 from ..files import read_json, regular_file
 from .tokenizer import Tokenizer
+from ..runtime import hugepages
 from ..runtime.ops import cpu_quant
 from ..runtime.ops.cpu_quant import TYPES
 from ..runtime.weights import BlockWeight
@@ -122,26 +123,22 @@ def _check_weights(name: str, t: torch.Tensor, where: str) -> None:
         raise SwiftkError(f"{where}: tensor {name} holds {bad} NaN or infinite value(s); the file is damaged")
 
 
-def _shared_buffers(cfg, by_name) -> dict:
-    """HF name -> its rows of one buffer per matrix the Model stacks (q, k, v; gate, up) when the pieces share a
-    block format: read into place, the stacked matrix is a view (weights.BlockWeight.cat), so a load never holds
-    a second copy of them (peak memory ~ the file, not 1.6x)."""
-    out = {}
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        for names in ([p + f"self_attn.{n}_proj.weight" for n in "qkv"],
-                      [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]):
-            ts = [by_name[_hf_to_gguf_name(n)] for n in names]
-            if len({int(t.tensor_type) for t in ts}) != 1 or int(ts[0].tensor_type) not in TYPES.values():
-                continue
-            if len({t.data.shape[1] for t in ts}) != 1:
-                continue
-            buf = torch.empty((sum(t.data.shape[0] for t in ts), ts[0].data.shape[1]), dtype=torch.uint8)
-            row = 0
-            for n, t in zip(names, ts):
-                out[n] = buf[row : row + t.data.shape[0]]
-                row += t.data.shape[0]
-    return out
+def _weight_buffers(want, by_name) -> dict:
+    """HF name -> [rows, bytes per row] uint8 view for every matrix kept in its blocks, all in one buffer in 2 MiB
+    pages (runtime/hugepages.py: a decode step streams them all), in ``want``'s order: a layer's q, k, v and its
+    gate, up lie back to back, so the matrix the Model stacks from them is a view (weights.BlockWeight.cat) and a
+    load never holds a second copy of them (peak memory ~ the file, not 1.6x)."""
+    spans, total = {}, 0
+    for hf in want:
+        t = by_name[_hf_to_gguf_name(hf)]
+        if _MATRIX.search(hf) and int(t.tensor_type) in TYPES.values():
+            rows, rb = t.data.shape
+            if not (hf.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight"))):
+                total = (total + 63) // 64 * 64   # a matrix that starts a stack, or stands alone, on a cache line
+            spans[hf] = (total, rows, rb)
+            total += rows * rb
+    arena = hugepages.empty(total)
+    return {hf: arena[o:o + rows * rb].view(rows, rb) for hf, (o, rows, rb) in spans.items()}
 
 
 def _pack_in_place(w: BlockWeight) -> BlockWeight:
@@ -212,7 +209,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, native: bool = False, pack: bool 
             raise SwiftkError(f"GGUF {path.name}: unsupported quant type {t.tensor_type.name} in tensor {g}")
     if native == "auto":   # a quantized file: its layer matrices (not just the embedding) are block formats
         native = all(int(t.tensor_type) in TYPES.values() for t in gf.tensors if t.name.endswith("ffn_down.weight"))
-    shared = _shared_buffers(cfg, by_name) if native else {}
+    shared = _weight_buffers(want, by_name) if native else {}
     tensors = {}
     with open(path, "rb") as f:
         for hf in want:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SwiftkError
+from . import hugepages
 from .ops import cpu_layers, cpu_linear, cpu_quant, native
 from .ops.cpu_quant import ACTIVATIONS, INT8_ACT, TYPES
 
@@ -278,6 +279,19 @@ def named_weights(model):
                     ("blk.*.ffn_norm", L.mlp_norm), ("blk.*.ffn_gate_up", L.w_gate_up), ("blk.*.ffn_down", L.w_down))
         if L.bqkv is not None:
             yield "blk.*.attn_qkv_bias", L.bqkv
+
+
+def weight_pages(model) -> dict:
+    """How the weights' memory is paged: the system's transparent huge page mode and the bytes of the block
+    weights' buffers held in 2 MiB pages (hugepages.py: a decode step streams them all)."""
+    seen, huge = set(), 0
+    for _, t in named_weights(model):
+        for raw in ([r for r, _ in t.parts] if isinstance(t, BlockWeight) else []):
+            st = raw.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                huge += hugepages.huge_bytes(st.data_ptr(), st.nbytes())
+    return {"transparent_huge_pages": hugepages.status(), "huge_page_bytes": huge}
 
 
 def formats(model) -> dict:
