@@ -290,7 +290,7 @@ def weight_pages(model) -> dict:
             st = raw.untyped_storage()
             if st.data_ptr() not in seen:
                 seen.add(st.data_ptr())
-                huge += hugepages.huge_bytes(st.data_ptr(), st.nbytes())
+                huge += min(st.nbytes(), hugepages.huge_bytes(st.data_ptr(), st.nbytes()))   # smaps: whole mappings
     return {"transparent_huge_pages": hugepages.status(), "huge_page_bytes": huge}
 
 
