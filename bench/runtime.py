@@ -55,11 +55,10 @@ def use(config: str) -> None:
 
 
 def read_bandwidth(mb: int = 512, reps: int = 5) -> float:
-    """GB/s of a streaming read (sum over a buffer far larger than the caches)."""
-    a = torch.ones(mb * 2**20 // 4)
-    a.sum()
-    best = min(_time(lambda: a.sum()) for _ in range(reps))
-    return a.numel() * 4 / best / 1e9
+    """GB/s of a streaming read (sum over a buffer far larger than the caches): bench.e2e's probe."""
+    from bench.e2e import read_bandwidth as probe
+
+    return probe(mb, reps)
 
 
 def _time(f) -> float:
