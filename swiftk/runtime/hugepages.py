@@ -10,7 +10,7 @@ a KVM guest whose host backs freed memory lazily, first touching 1 GB in 2 MiB p
 """
 from __future__ import annotations
 
-import ctypes
+import mmap
 import os
 import sys
 from pathlib import Path
@@ -25,18 +25,6 @@ _SYSFS = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ENV_VAR = "SWIFTK_HUGE_PAGES"   # 0: plain pages (a load ~1.5 s faster per GB on a VM that backs huge pages lazily)
 ENABLED = True   # benches compare both arms in one process through this; SWIFTK_HUGE_PAGES sets it per process
 
-_madvise = None
-
-
-def _libc_madvise():
-    global _madvise
-    if _madvise is None:
-        f = ctypes.CDLL(None, use_errno=True).madvise
-        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-        _madvise = f
-    return _madvise
-
-
 def _enabled() -> bool:
     v = os.environ.get(ENV_VAR, "1").strip()
     if v not in ("0", "1"):
@@ -49,14 +37,16 @@ def empty(nbytes: int) -> torch.Tensor:
     pages (Linux, buffers of at least 2 MiB, unless turned off); else a plain ``torch.empty``."""
     if not _enabled() or nbytes < HUGE or not sys.platform.startswith("linux"):
         return torch.empty(nbytes, dtype=torch.uint8)
-    base = torch.empty(nbytes + HUGE, dtype=torch.uint8)   # untouched: a fresh mapping at this size
+    # a private mapping of its own, never touched: malloc may hand back heap memory already paged in 4 KiB, and a
+    # shared anonymous mapping (mmap's default) is shmem, which THP's madvise mode leaves alone
+    mm = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = torch.frombuffer(mm, dtype=torch.uint8)   # keeps mm alive: unmapped with the last view
     off = (-base.data_ptr()) % HUGE
-    buf = base[off:off + nbytes]   # a view: it keeps base alive
-    start = buf.data_ptr()
-    end = (base.data_ptr() + base.numel()) // 4096 * 4096
-    # advice only (a kernel without THP says EINVAL): the buffer works either way
-    _libc_madvise()(start, end - start, _MADV_HUGEPAGE)
-    return buf
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE, off, (nbytes + HUGE - off) // 4096 * 4096)
+    except OSError:   # advice only (a kernel without THP): the buffer works either way
+        pass
+    return base[off:off + nbytes]
 
 
 def status() -> str:
