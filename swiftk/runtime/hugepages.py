@@ -1,12 +1,13 @@
 """Weight memory in 2 MiB pages. A decode step streams every weight once: with 4 KiB pages a 1 GB model crosses
 ~250k pages per step, each a TLB miss and (in a VM) a nested page walk, and the hardware prefetchers stop at every
-page boundary. In 2 MiB pages Qwen2.5-Coder-1.5B decoded 1.15x faster on a 2-core KVM guest (docs/performance.md).
+page boundary. In 2 MiB pages the registry models decoded 1.05-1.25x faster on a 2-core KVM guest
+(docs/performance.md).
 
 Linux backs a region with transparent huge pages when it is advised (``madvise(MADV_HUGEPAGE)``) before its first
 touch and ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` (Ubuntu's and Debian's default) or
-``always``; with ``never``, or on another OS, the buffer is an ordinary one. :func:`status` says which. The cost is at load: on
-a KVM guest whose host backs freed memory lazily, first touching 1 GB in 2 MiB pages took ~1.6 s more than in
-4 KiB pages (the guest's page clearing faulted on the host); ``SWIFTK_HUGE_PAGES=0`` turns it off.
+``always``; with ``never``, or on another OS, the buffer is an ordinary one. :func:`status` says which. The cost is
+at load: on a KVM guest whose host backs freed memory lazily, first touching 1 GB in 2 MiB pages took ~1.6-2 s more
+than in 4 KiB pages (the guest's page clearing faulted on the host); ``SWIFTK_HUGE_PAGES=0`` turns it off.
 """
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ import torch
 from ..errors import SwiftkError
 
 HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
 _SYSFS = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ENV_VAR = "SWIFTK_HUGE_PAGES"   # 0: plain pages (a load ~1.5 s faster per GB on a VM that backs huge pages lazily)
 ENABLED = True   # benches compare both arms in one process through this; SWIFTK_HUGE_PAGES sets it per process
+
 
 def _enabled() -> bool:
     v = os.environ.get(ENV_VAR, "1").strip()
