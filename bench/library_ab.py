@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     if args.reps % 2 == 0:
         ap.error("--reps must be odd (the median of an even count is not one of the runs)")
     from bench.e2e import cpu_arch
-    from bench.runtime import read_bandwidth
+    from bench.e2e import read_bandwidth
 
     arms = {"A": (args.a_rev, args.a_opt), "B": (args.b_rev, args.b_opt)}
     work = Path(tempfile.mkdtemp(prefix="library_ab-"))

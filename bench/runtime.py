@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from bench.e2e import read_bandwidth
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
@@ -52,13 +53,6 @@ def use(config: str) -> None:
 
     native.set_enabled(config != "torch-fp32")
     cpu_layers.set_fused(config not in ("torch-fp32", "linear-fp32"))
-
-
-def read_bandwidth(mb: int = 512, reps: int = 5) -> float:
-    """GB/s of a streaming read (sum over a buffer far larger than the caches): bench.e2e's probe."""
-    from bench.e2e import read_bandwidth as probe
-
-    return probe(mb, reps)
 
 
 def _time(f) -> float:

@@ -133,7 +133,7 @@ def _weight_buffers(want, by_name) -> dict:
         t = by_name[_hf_to_gguf_name(hf)]
         if _MATRIX.search(hf) and int(t.tensor_type) in TYPES.values():
             rows, rb = t.data.shape
-            if not (hf.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight"))):
+            if not hf.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
                 total = (total + 63) // 64 * 64   # a matrix that starts a stack, or stands alone, on a cache line
             spans[hf] = (total, rows, rb)
             total += rows * rb
