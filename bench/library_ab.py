@@ -4,11 +4,12 @@
     python -m bench.library_ab --a-checkout /tmp/old --models smollm2-135m   # another checkout, as installed there
 
 Each arm is kernels/cpu (of a git revision, or the worktree) built by CMake as ``pip install`` builds it (the
-``native`` variant; ``SWIFTK_CPU_OPT`` = the arm's flags) into an install folder with its manifest, and timed by a
+``native`` variant; ``SWIFTK_CPU_OPT`` = the arm's flags, after the variant's: an ``-march`` there wins) into an install folder with its manifest, and timed by a
 child process that loads it in place of the installed one. Per model and repetition, one child per arm, the arms
 alternated: it loads the model (int8 activations on GGUF blocks, the default, or ``--activations float32``), puts ``--ctx`` tokens in the cache,
 then times a decode step and verify passes of ``--verify`` tokens (each the median of ``--inner`` passes, the
-sizes interleaved) and decodes 32 greedy tokens. Prints per model the median over repetitions of each arm's step
+sizes interleaved), with ``--prefill N`` an N-token prefill from an empty cache (median of 3, tokens/s), and decodes
+32 greedy tokens. Prints per model the median over repetitions of each arm's step
 time and of each pass in steps, B / A, the read bandwidth measured beside them, each arm's compile time, and
 whether the arms' greedy tokens agree. ``--a-checkout DIR``: arm A is another checkout of swiftk as installed in its
 own ``DIR/.venv`` (its Python code and its installed library together: a revision whose library and Python
@@ -41,6 +42,7 @@ CHILD = textwrap.dedent(r"""
     model, ctx, inner = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     sizes = [int(t) for t in sys.argv[5].split(",")]
     act = sys.argv[6] if len(sys.argv) > 6 else "int8"
+    pp = int(sys.argv[7]) if len(sys.argv) > 7 else 0
     lib = native.library()
     if hasattr(lib, "swk_set_q_linear"):   # a revision before the layer loop called the block matmul itself
         import ctypes
@@ -61,10 +63,20 @@ CHILD = textwrap.dedent(r"""
                 m.forward(ids, pos, pos, cache)
                 if r:   # the first round warms up
                     times[T].append(time.perf_counter() - t0)
-    med = {T: statistics.median(v) for T, v in times.items()}
+        med = {T: statistics.median(v) for T, v in times.items()}
+        out = {"step_ms": med[1] * 1e3, **{f"verify{T}": med[T] / med[1] for T in sizes}}
+        if pp:   # a pp-token prefill from an empty cache, the last row's logits (llama-bench's pp)
+            walls = []
+            for r in range(4):
+                cache.reset()
+                t0 = time.perf_counter()
+                m.forward(torch.arange(pp) % 1000 + 100, torch.arange(pp), torch.arange(pp), cache,
+                          logits_idx=torch.tensor([pp - 1]))
+                if r:
+                    walls.append(time.perf_counter() - t0)
+            out[f"pp{pp}_tok_s"] = pp / statistics.median(walls)
     toks = eng.generate("def quicksort(arr):", max_new_tokens=32, method="autoregressive").token_ids
-    json.dump({"step_ms": med[1] * 1e3, **{f"verify{T}": med[T] / med[1] for T in sizes}, "tokens": toks},
-              sys.stdout)
+    json.dump({**out, "tokens": toks}, sys.stdout)
 """)
 
 
@@ -111,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--verify", default="2,4,8,16")
     ap.add_argument("--activations", default="int8", choices=("int8", "float32"),
                     help="the block matmul's activations: int8 (cpu_qdot, the default) or float32 (cpu_quant)")
+    ap.add_argument("--prefill", type=int, default=0, help="also time a prefill of this many tokens (tokens/s)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     if args.reps % 2 == 0:
@@ -147,13 +160,14 @@ def main(argv=None) -> int:
                 other = k == "A" and args.a_checkout
                 py = str(Path(args.a_checkout) / ".venv" / "bin" / "python") if other else sys.executable
                 p = subprocess.run([py, "-c", CHILD, str(folders[k]), model, str(args.ctx), str(args.inner),
-                                    sizes, args.activations], capture_output=True, text=True, cwd=args.a_checkout if other else ROOT,
+                                    sizes, args.activations, str(args.prefill)], capture_output=True, text=True, cwd=args.a_checkout if other else ROOT,
                                    env={**os.environ, "SWIFTK_PERSIST": "0"})
                 if p.returncode:
                     sys.exit(f"arm {k} on {model} failed:\n{p.stderr[-3000:]}")
                 runs[k].append(json.loads(p.stdout.strip().splitlines()[-1]))
             bw.append(read_bandwidth())
         keys = ["step_ms"] + [f"verify{T}" for T in sizes.split(",")]
+        keys += [f"pp{args.prefill}_tok_s"] if args.prefill else []
         med = {k: {q: statistics.median(x[q] for x in runs[k]) for q in keys} for k in arms}
         same = all(x["tokens"] == runs["A"][0]["tokens"] for k in arms for x in runs[k])
         res["models"][model] = {"runs": runs, "median": med, "read_gb_s": bw, "tokens_equal": same}

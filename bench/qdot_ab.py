@@ -1,7 +1,7 @@
 """The int8-activation kernel (kernels/cpu/cpu_qdot.cpp) of two git revisions side by side, in one process: each
 revision's source built with the project's flags into a temporary folder, then a model's matrices (random blocks of
-its shapes and formats, enough copies to stream from memory as a pass does) multiplied at each pass size M,
-the two builds interleaved call by call so machine noise hits both alike. Prints the median time per M of the
+its shapes and formats, enough copies to stream from memory as a pass does) multiplied at each pass size M on one
+thread, the two builds interleaved call by call so machine noise hits both alike. Prints the median time per M of the
 layers and of the head, and old / new. ``--old-opt`` / ``--new-opt`` replace -O3 (e.g. the same revision at -O2).
 
     python -m bench.qdot_ab --old HEAD~1 --new WORKTREE --rows 1,4,5,8,12,16
@@ -51,7 +51,7 @@ def _build(rev: str, out: Path, opt: str = "-O3") -> ctypes.CDLL:
     so = src / "qdot.so"
     cxx = shutil.which("g++") or "c++"
     omp = ["-fopenmp"] if "omp.h" in (src / "cpu_qdot.cpp").read_text() else []
-    flags = [opt if f == "-O3" else f for f in FLAGS] + ["-shared"]
+    flags = [g for f in FLAGS for g in (opt.split() if f == "-O3" else [f])] + ["-shared"]   # opt may hold -D...
     subprocess.run([cxx, *flags, *omp, "-I", str(ROOT / "csrc" / "include"), "-o", str(so), *map(str, units)],
                    check=True)
     lib = ctypes.CDLL(str(so))
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         Ks = {K for p in parts.values() for _, K, _, _ in p}
         xs = {K: torch.randn(max(Ms), K) for K in Ks}
         y = torch.empty(max(Ms), max(N for p in parts.values() for _, _, N, _ in p))
-        print(f"# old = {a.old} {a.old_opt}, new = {a.new} {a.new_opt}; {torch.get_num_threads()} threads; median of "
-              f"{a.reps}, interleaved")
+        # one thread: each library's pool starts with one (two pools spinning on the same cores would skew both)
+        print(f"# old = {a.old} {a.old_opt}, new = {a.new} {a.new_opt}; 1 thread; median of {a.reps}, interleaved")
         print("| M | layers old ms | new ms | old / new | head old ms | new ms | old / new |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for M in Ms:

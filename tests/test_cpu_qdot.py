@@ -249,7 +249,7 @@ def test_other_isa_paths_agree_bit_for_bit(tmp_path, march, isa, flag):
         packed = torch.empty_like(raw)
         assert lib.swk_qi_repack(int(Q[name]), raw.data_ptr(), N, K, packed.data_ptr()) == 0
         assert torch.equal(packed, cpu_quant.repack(raw, Q[name], K))
-        for M in (1, 2, 9, 17):   # a decode step's path, the small passes', a long pass's (8-pair chunks or tiles)
+        for M in (1, 2, 9, 17, 65):   # a decode step's path, the small passes', long passes' (8-pair chunks, tiles)
             x = _activations(M, K, seed=K + M)
             y = torch.empty(M, N)
             assert fn(x.data_ptr(), M, K, packed.data_ptr(), int(Q[name]), N, y.data_ptr(), N) == 0

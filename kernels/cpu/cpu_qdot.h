@@ -422,9 +422,13 @@ inline void mpart_at(const Span* S, int nb, const QX& X, int64_t m0, int64_t b0,
     for (int m = 0; m < MT; m++) f8_st(acc + 8 * (g * M + m0 + m), a[g][m]);
 }
 
-// passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles. Measured on the
-// registry models' matrices (2 threads, AVX2): direct ahead at 8 rows and (32-element formats) up to 32, the tiles
-// ahead for the K formats from 8 rows on and for every format at 128.
+// passes of at most this many rows take direct(), 4 rows per unpacking; longer ones the tiles (the 256-bit builds:
+// with AVX-512 VNNI every pass of 2 rows or more takes the pairs). The 32-element formats: direct ahead up to 32 rows
+// (AVX2, Zen 3), the tiles at 64 (AVX2 on the Xeon: prefill 0.84x with direct). The K formats, Qwen2.5-Coder-1.5B
+// on the Xeon (bench.library_ab): AVX2 builds take direct at every size measured, 0.73 / 0.76 / 0.89x the tiles'
+// time at 8 / 16 / 32 rows and prefill (64-row passes) 1.08x faster (library_ab_20261129-042431); with VNNI the
+// tiles keep 32 rows and more (direct 0.86x at 8 rows, 1.11x at 32, prefill 0.87x: -042946). Zen 3 once measured
+// the tiles ahead from 8 rows, with an older direct(): not re-measured there.
 // direct() and direct2() prefetch the packed weights ahead of the block they multiply, each cache line once
 // (ahead_block, below). A decode step is a stream through memory whose arithmetic per byte is small; how to prefetch
 // it depends on the core (bench.library_ab):
@@ -454,7 +458,7 @@ inline const bool kPrefetchL2 = [] {
 #else
 inline const bool kPrefetchL2 = false;
 #endif
-template <int T> constexpr int kDirectMax = Fmt<T>::BS == 32 ? 16 : 4;
+template <int T> constexpr int kDirectMax = Fmt<T>::BS == 32 || SWI_VNNI ? 16 : 64;
 // activation rows per tile, by groups per tile: what the 16 AVX2 vector registers hold
 #ifndef SWI_MT2
 #define SWI_MT2 4
