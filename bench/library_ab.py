@@ -65,16 +65,9 @@ CHILD = textwrap.dedent(r"""
                     times[T].append(time.perf_counter() - t0)
         med = {T: statistics.median(v) for T, v in times.items()}
         out = {"step_ms": med[1] * 1e3, **{f"verify{T}": med[T] / med[1] for T in sizes}}
-        if pp:   # a pp-token prefill from an empty cache, the last row's logits (llama-bench's pp)
-            walls = []
-            for r in range(4):
-                cache.reset()
-                t0 = time.perf_counter()
-                m.forward(torch.arange(pp) % 1000 + 100, torch.arange(pp), torch.arange(pp), cache,
-                          logits_idx=torch.tensor([pp - 1]))
-                if r:
-                    walls.append(time.perf_counter() - t0)
-            out[f"pp{pp}_tok_s"] = pp / statistics.median(walls)
+        if pp:   # llama-bench's pp, as bench.versus_native times it; the first run warms up
+            from bench.versus_native import swiftk_pp
+            out[f"pp{pp}_tok_s"] = statistics.median([swiftk_pp(eng, pp) for _ in range(4)][1:])
     toks = eng.generate("def quicksort(arr):", max_new_tokens=32, method="autoregressive").token_ids
     json.dump({**out, "tokens": toks}, sys.stdout)
 """)

@@ -51,7 +51,8 @@ def _build(rev: str, out: Path, opt: str = "-O3") -> ctypes.CDLL:
     so = src / "qdot.so"
     cxx = shutil.which("g++") or "c++"
     omp = ["-fopenmp"] if "omp.h" in (src / "cpu_qdot.cpp").read_text() else []
-    flags = [g for f in FLAGS for g in (opt.split() if f == "-O3" else [f])] + ["-shared"]   # opt may hold -D...
+    # opt in place of -O3, after -march=native (an -march in it wins); it may hold several flags (-O2 -DSWI_...)
+    flags = [f for f in FLAGS if f != "-O3"] + opt.split() + ["-shared"]
     subprocess.run([cxx, *flags, *omp, "-I", str(ROOT / "csrc" / "include"), "-o", str(so), *map(str, units)],
                    check=True)
     lib = ctypes.CDLL(str(so))
