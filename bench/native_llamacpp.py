@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,17 @@ def _amx_faults(build: Path) -> bool:
     return False
 
 
+def _ggml_version() -> str | None:
+    """The vendored ggml's version: the sdist carries no git history, so llama.cpp itself reports commit unknown
+    (the sdist's version pins the source)."""
+    try:
+        text = (root() / "src" / "ggml" / "CMakeLists.txt").read_text()
+    except OSError:
+        return None
+    parts = dict(re.findall(r"set\(GGML_VERSION_(MAJOR|MINOR|PATCH) (\d+)\)", text))
+    return ".".join(parts[k] for k in ("MAJOR", "MINOR", "PATCH")) if len(parts) == 3 else None
+
+
 def build_info(gguf: Path, threads: int) -> dict:
     """llama.cpp's own account of the build: version, commit, and the CPU backend's features (one tiny run)."""
     r = subprocess.run([str(binary("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "1",
@@ -111,7 +123,7 @@ def build_info(gguf: Path, threads: int) -> dict:
     no_amx = (root() / "build" / "NO_AMX").is_file()
     info = {"sdist": f"llama-cpp-python=={VERSION} vendor/llama.cpp",
             "cmake": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" + (f" -DCMAKE_C(XX)_FLAGS='{NO_AMX}'" if no_amx else ""),
-            "bin": str(binary("llama-bench").parent)}
+            "bin": str(binary("llama-bench").parent), "ggml_version": _ggml_version()}
     try:
         row = json.loads(r.stdout)[0]
         info.update({k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")})

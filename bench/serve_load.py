@@ -287,7 +287,12 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (out / f"serve_load_{a.model}_{stamp}.json").write_text(json.dumps({**meta, "table": table}, indent=1))
-    (out / f"serve_load_{a.model}_{stamp}.md").write_text(f"# serve_load {a.model}\n\n{md}\n")
+    m = meta["machine"]
+    what = (f"Workloads {a.workloads}, {a.n} prompts per workload (MT-Bench: per category, of 8) after the first "
+            f"{a.skip} held out (MT-Bench: {a.skip_mtbench} per category), {a.max_tokens} tokens, {a.reps} "
+            f"repetitions, {a.threads} threads; commit "
+            f"{str(m.get('git_commit'))[:7]}; {m.get('cpu_arch')}; read {m['read_gb_s']} GB/s.")
+    (out / f"serve_load_{a.model}_{stamp}.md").write_text(f"# serve_load {a.model}\n\n{what}\n\n{md}\n")
     return 0
 
 
