@@ -4,8 +4,8 @@
     python -m bench.library_ab --a-checkout /tmp/old --models smollm2-135m   # another checkout, as installed there
 
 Each arm is kernels/cpu (of a git revision, or the worktree) built by CMake as ``pip install`` builds it (the
-``native`` variant; ``SWIFTK_CPU_OPT`` = the arm's flags, after the variant's: an ``-march`` there wins) into an install folder with its manifest, and timed by a
-child process that loads it in place of the installed one. Per model and repetition, one child per arm, the arms
+``native`` variant; ``SWIFTK_CPU_OPT`` = the arm's flags, after the variant's: an ``-march`` there wins) into an
+install folder with its manifest, and timed by a child process that loads it in place of the installed one. Per model and repetition, one child per arm, the arms
 alternated: it loads the model (int8 activations on GGUF blocks, the default, or ``--activations float32``), puts ``--ctx`` tokens in the cache,
 then times a decode step and verify passes of ``--verify`` tokens (each the median of ``--inner`` passes, the
 sizes interleaved), with ``--prefill N`` an N-token prefill from an empty cache (median of 3, tokens/s), and decodes
@@ -153,8 +153,8 @@ def main(argv=None) -> int:
                 other = k == "A" and args.a_checkout
                 py = str(Path(args.a_checkout) / ".venv" / "bin" / "python") if other else sys.executable
                 p = subprocess.run([py, "-c", CHILD, str(folders[k]), model, str(args.ctx), str(args.inner),
-                                    sizes, args.activations, str(args.prefill)], capture_output=True, text=True, cwd=args.a_checkout if other else ROOT,
-                                   env={**os.environ, "SWIFTK_PERSIST": "0"})
+                                    sizes, args.activations, str(args.prefill)], capture_output=True, text=True,
+                                   cwd=args.a_checkout if other else ROOT, env={**os.environ, "SWIFTK_PERSIST": "0"})
                 if p.returncode:
                     sys.exit(f"arm {k} on {model} failed:\n{p.stderr[-3000:]}")
                 runs[k].append(json.loads(p.stdout.strip().splitlines()[-1]))
