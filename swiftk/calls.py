@@ -19,7 +19,7 @@ from .errors import SwiftkError
 from .options import split_options, updated
 from .proposers import FREE, free_sources
 from .proposers.user import check_proposers
-from .requests import Call, Request, Slot, default_max_batch
+from .requests import Call, Request, Slot, check_slots_fit, default_max_batch
 
 SCRATCH = 128   # slots past the context for the draft / matchness / verify scratch (context_window <= 120, trees <= 64)
 
@@ -41,15 +41,33 @@ class Calls:
             if not self.tokenizer.chat_template:
                 raise SwiftkError("chat=True but this model has no chat template")
             text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            self.check_prompt_bytes(text)
             ids = self.tokenizer.encode(text, add_bos=False)
         else:
             if not isinstance(prompt, str):
                 raise SwiftkError(f"prompt must be a string, a list of token ids or (chat=True) messages, "
                                   f"got {type(prompt).__name__}")
+            self.check_prompt_bytes(prompt)
             ids = self.tokenizer.encode(prompt)
         if not prompt or not ids:
             raise SwiftkError("prompt is empty")
         return ids
+
+    @property
+    def prompt_char_limit(self) -> int:
+        """No text over this many characters fits the context, whatever it says (each token covers at most the
+        vocabulary's longest entry; a character is at least a byte)."""
+        return self.max_context * self.tokenizer.max_token_bytes
+
+    def check_prompt_bytes(self, text: str) -> None:
+        """Refuse, before tokenizing it, a text too long for the context in any tokenization: a huge input costs
+        ~250 MB of tokenizer memory per MB."""
+        if len(text) > self.prompt_char_limit:
+            n = len(text.encode("utf-8", "surrogatepass"))
+            least = -(-n // self.tokenizer.max_token_bytes)
+            raise SwiftkError(f"the prompt is {n} bytes: at least {least} tokens (no token of this vocabulary "
+                              f"covers more than {self.tokenizer.max_token_bytes} bytes), over the context "
+                              f"({self.max_context} tokens)")
 
     def request(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
@@ -138,12 +156,32 @@ class Calls:
                                 finish_reason=sink.finish_reason, stats=stats)
 
     @property
+    def slot_bytes(self) -> int:
+        """Bytes of one batch slot's KV cache."""
+        return self.cache.data.numel() * self.cache.data.element_size()
+
+    @property
     def default_max_batch(self) -> int:
-        """Calls decoded together when not told (requests.default_max_batch: by cores and KV memory)."""
-        return default_max_batch(self.cache.data.numel() * self.cache.data.element_size())
+        """Calls decoded together when not told (requests.default_max_batch: by cores and available memory)."""
+        return default_max_batch(self.slot_bytes)
+
+    def reserve_slots(self, n: int, asked: str) -> None:
+        """Refuse, before any work, ``n`` batch slots whose KV caches would not fit in memory (``asked``: what
+        asked for them, for the message)."""
+        check_slots_fit(max(0, n - len(self._slots)), self.slot_bytes, asked)
+
+    def made_slot(self, i: int) -> Optional[Slot]:
+        """Batch slot ``i`` if its KV cache exists, else None (looking allocates nothing)."""
+        return self._slots[i] if i < len(self._slots) else None
 
     def slot(self, i: int) -> Slot:
         """Batch slot ``i``: a KV cache of its own (slot 0's is ``self.cache``), made at first use."""
         while len(self._slots) <= i:
-            self._slots.append(Slot(self.model.new_cache(self.max_context + SCRATCH)))
+            check_slots_fit(1, self.slot_bytes, f"batch slot {len(self._slots)}")
+            try:
+                cache = self.model.new_cache(self.max_context + SCRATCH)
+            except (RuntimeError, MemoryError) as e:   # the allocator's own refusal, worded for a user
+                raise SwiftkError(f"cannot allocate the KV cache of batch slot {len(self._slots)} "
+                                  f"({self.slot_bytes / 2**20:.0f} MiB): out of memory ({e})") from None
+            self._slots.append(Slot(cache))
         return self._slots[i]

@@ -185,7 +185,6 @@ def _parse_kv(items) -> dict:
 def _generate(a) -> int:
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
@@ -212,6 +211,12 @@ def _generate(a) -> int:
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
                       drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
                       **load_time(a.draft_model, decode_kw))
+    # stdin is read after loading, bounded by what the context can hold: a huge input is refused, not tokenized
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read(eng.prompt_char_limit + 1)
+    if len(prompt) > eng.prompt_char_limit:   # the rest is left unread
+        raise SwiftkError(f"stdin holds over {eng.prompt_char_limit} characters: more than the context "
+                          f"({eng.max_context} tokens) can hold, since no token of this vocabulary covers more than "
+                          f"{eng.tokenizer.max_token_bytes} bytes")
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set

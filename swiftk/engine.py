@@ -231,6 +231,8 @@ class Engine(EngineCorpus, Calls):
             raise SwiftkError("generate_many takes no callback or progress (one call's options); use generate")
         max_batch = check_max_batch(self.default_max_batch if max_batch is None else max_batch)
         reqs = [self.request(p, **kw) for p in prompts]
+        max_batch = max(1, min(max_batch, len(reqs)))   # KV caches for the calls there are, not for the cap
+        self.reserve_slots(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
         out: list = [None] * len(reqs)
         errors: list = []
         with self._own():

@@ -3,6 +3,7 @@ it decodes on (a KV cache of its own and what it still holds), and the open :cla
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -72,13 +73,57 @@ def check_max_batch(n) -> int:
     return n
 
 
+def available_memory() -> int:
+    """Bytes this process can still allocate: the least of the machine's available memory, its cgroup's headroom
+    and its address-space limit (``ulimit -v``) less what it maps now."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for cap, use in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                     ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(cap) as f, open(use) as g:
+                c = f.read().strip()
+                if c != "max" and int(c) < 1 << 60:
+                    limits.append(int(c) - int(g.read().strip()))
+            break
+        except (OSError, ValueError):
+            continue
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/status") as f:
+                vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+            limits.append(soft - vm)
+    except (OSError, ValueError, StopIteration):
+        pass
+    if not limits:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 8 << 30
+    return max(0, min(limits))
+
+
+def check_slots_fit(new_slots: int, slot_bytes: int, asked: str) -> None:
+    """Refuse ``new_slots`` more KV caches of ``slot_bytes`` each when they would not fit in memory (with a tenth
+    to spare for the passes' activations), naming how many do."""
+    need, avail = new_slots * slot_bytes, available_memory()
+    if new_slots > 0 and need > 0.9 * avail:
+        fit = int(0.9 * avail // max(1, slot_bytes))
+        raise SwiftkError(f"{asked} needs {new_slots} more KV cache(s) of {slot_bytes / 2**20:.0f} MiB "
+                          f"({need / 2**30:.2f} GiB), but only {avail / 2**30:.2f} GiB of memory is available: "
+                          f"{fit} more fit (ask for fewer calls at once, or load with a smaller max_context)")
+
+
 def default_max_batch(slot_bytes: int) -> int:
     """Calls to decode together by default, sized to the machine: 4 per core up to 8 (a pass of 8 rows costs 1.5-5
     plain steps on the CPUs measured, so more calls stop paying), and never KV caches over a quarter of the
-    memory."""
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        mem = 8 << 30
-    by_memory = max(1, mem // 4 // max(1, slot_bytes))
+    memory available."""
+    by_memory = max(1, available_memory() // 4 // max(1, slot_bytes))
     return int(max(1, min(8, 4 * (os.cpu_count() or 1), by_memory)))

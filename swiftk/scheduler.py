@@ -29,6 +29,7 @@ class Scheduler:
         self._waiting: deque = deque()     # (request, done), arrival order
         self._running: dict = {}           # decoder -> (call, done, slot index)
         self._free = list(range(max_batch))
+        self._opening = 0                  # taken off the queue, not yet running (counted as running)
 
     # ------------------------------------------------------------------ from any thread
     def submit(self, req: Request, done: Done) -> None:
@@ -43,7 +44,14 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Requests holding a slot: running, or being opened (between the queue and the batch)."""
+        with self._lock:
+            return len(self._running) + self._opening
+
+    def load(self) -> tuple:
+        """(waiting, holding a slot), read together: a request moving between them is counted once."""
+        with self._lock:
+            return len(self._waiting), len(self._running) + self._opening
 
     def wait_for_work(self, timeout: float) -> bool:
         """Block until a request waits or runs (True), or ``timeout`` seconds pass."""
@@ -108,30 +116,39 @@ class Scheduler:
                         getattr(c.req.method, "one_at_a_time", False) for c, _, _ in self._running.values()):
                     return
                 self._waiting.popleft()
-            slot = self._pick_slot(req)
+                self._opening += 1   # never counted neither waiting nor running (admission reads both)
             try:
+                slot = self._pick_slot(req)
                 call = self.engine.open_call(req, slot, batched=True)
             except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+                with self._lock:
+                    self._opening -= 1
                 done(None, e)
                 continue
             self._free.remove(slot)
             self.batch.add(call.decoder)
-            self._running[call.decoder] = (call, done, slot)
+            with self._lock:
+                self._running[call.decoder] = (call, done, slot)
+                self._opening -= 1
 
     def _pick_slot(self, req: Request) -> int:
-        """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest."""
+        """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest
+        whose cache exists, else the lowest: a KV cache is made only when no free one exists."""
+        made = [i for i in sorted(self._free) if self.engine.made_slot(i) is not None]
+        best = made[0] if made else min(self._free)
         if not req.reuse_ok:
-            return min(self._free)
-        best, most = min(self._free), 0
-        for i in sorted(self._free):
-            sl = self.engine.slot(i)
+            return best
+        most = 0
+        for i in made:
+            sl = self.engine.made_slot(i)
             n = sl.held.shared(sl.cache, req.ids)
             if n > most:
                 best, most = i, n
         return best
 
     def _retire(self, d, error: Optional[BaseException] = None) -> None:
-        call, done, slot = self._running.pop(d)
+        with self._lock:
+            call, done, slot = self._running.pop(d)
         self.batch.remove(d)
         self._free.append(slot)
         call.end()

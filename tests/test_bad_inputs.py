@@ -453,3 +453,33 @@ def test_save_skip_set_path_checked_before_loading(tmp_path, monkeypatch, capsys
             assert "is not writable" in capsys.readouterr().err
         finally:
             ro.chmod(0o755)
+
+
+def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(smollm2_path, monkeypatch, capsys):
+    """A 50 MB prompt cost ~250 MB of tokenizer memory per MB before the context check: one longer than the context
+    times the vocabulary's longest token is refused at once, from the API and from the CLI's stdin (which reads no
+    more than that)."""
+    import io
+    import swiftk
+    eng = swiftk.load(str(smollm2_path), persist=False, datastore=False)
+    limit = eng.prompt_char_limit
+    assert limit == eng.max_context * eng.tokenizer.max_token_bytes
+    encoded = []
+    monkeypatch.setattr(type(eng.tokenizer), "encode", lambda self, *a, **k: encoded.append(1) or [1])
+    for chat in (False, True):
+        with pytest.raises(SwiftkError, match="over the context"):
+            eng.generate("\0" * (limit + 1), max_new_tokens=4, chat=chat)
+    assert not encoded
+    monkeypatch.undo()
+    read = []
+
+    class Stdin(io.StringIO):
+        def read(self, n=-1):
+            read.append(n)
+            return super().read(n)
+
+    monkeypatch.setattr(sys, "stdin", Stdin("\0" * (3 * limit)))
+    monkeypatch.setattr(swiftk, "load", lambda *a, **k: eng)
+    assert cli_main(["generate", "--model", str(smollm2_path), "-n", "4"]) == 2
+    assert f"stdin holds over {limit} characters" in capsys.readouterr().err
+    assert read == [limit + 1]

@@ -162,6 +162,69 @@ def test_generate_many_checks_every_prompt_first(eng):
         eng.generate_many(PROMPTS[:2], callback=print)
 
 
+# ---- a fresh engine's batch drafts; memory for the calls there are ------------------------------------------------
+REPEATS = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n"
+
+
+def test_a_fresh_engines_batch_drafts_and_consults_proposers(smollm2_path):
+    """No call alone has timed a plain step: the batch's own passes price the drafts, so generate_many drafts from
+    its first rounds (it never did), user proposers are consulted, and one that raises or calls back into the
+    engine fails the call as it does in generate()."""
+    fresh = lambda: swiftk.load(str(smollm2_path), persist=False, datastore=False)   # noqa: E731
+
+    class Echo:
+        calls = 0
+
+        def propose(self, tokens):
+            self.calls += 1
+            return tokens[-8:]
+
+    e, echo = fresh(), Echo()
+    outs = e.generate_many([REPEATS, PROMPTS[0]], max_new_tokens=24, speculate="always", proposers=[echo])
+    assert echo.calls > 0
+    assert sum(o.stats.rounds for o in outs) > 0 and outs[0].stats.accepted_by_source["ngram"] > 0
+    assert [o.token_ids for o in outs] == [_ar(e, p, 24) for p in (REPEATS, PROMPTS[0])]
+
+    class Raises:
+        def propose(self, tokens):
+            raise RuntimeError("proposer broke")
+
+    with pytest.raises(SwiftkError, match="proposer broke"):
+        fresh().generate_many([REPEATS, PROMPTS[0]], max_new_tokens=16, proposers=[Raises()])
+    e = fresh()
+
+    class Reenters:
+        def propose(self, tokens):
+            return e.generate("x", max_new_tokens=2).token_ids
+
+    with pytest.raises(SwiftkError, match="call back into the same engine"):
+        e.generate_many([REPEATS, PROMPTS[0]], max_new_tokens=16, proposers=[Reenters()])
+
+
+def test_batch_kv_memory_is_sized_to_the_prompts_and_refused_when_it_cannot_fit(smollm2_path, monkeypatch):
+    """generate_many of 2 prompts at max_batch=64 makes 2 KV caches, not 64; more caches than the memory available
+    are refused with a SwiftkError saying how many fit, before any decoding; the server the same at start."""
+    e = swiftk.load(str(smollm2_path), persist=False, datastore=False)
+    e.generate_many(PROMPTS[:2], max_new_tokens=4, max_batch=64)
+    assert len(e._slots) == 2
+    e.generate_many(PROMPTS[2:5], max_new_tokens=4, max_batch=64)
+    assert len(e._slots) == 3
+    import swiftk.requests as rq
+    monkeypatch.setattr(rq, "available_memory", lambda: int(2.5 * e.slot_bytes))
+    with pytest.raises(SwiftkError, match=r"needs 5 more KV cache\(s\).*\b2 more fit"):
+        e.generate_many(PROMPTS[:8] * 2, max_new_tokens=4, max_batch=8)
+    assert len(e._slots) == 3
+    from swiftk.serve.app import Server
+    with pytest.raises(SwiftkError, match="--max-batch 16 needs 13 more"):
+        Server(e, "m", max_batch=16)
+    # the allocator's own refusal, as a batch slot is made, is worded too
+    monkeypatch.setattr(rq, "available_memory", lambda: 1 << 40)
+    monkeypatch.setattr(e.model, "new_cache", lambda n: (_ for _ in ()).throw(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory")))
+    with pytest.raises(SwiftkError, match="cannot allocate the KV cache of batch slot 3"):
+        e.generate_many(PROMPTS[:4], max_new_tokens=4)
+
+
 # ---- pricing a draft row at the pass size at hand -------------------------------------------------------------
 def test_a_node_that_pays_alone_may_not_pay_in_a_full_pass(eng):
     """The gate keeps the nodes that raise the pass's tokens per second. Each row costs 0.2 of a step: alone, a node

@@ -132,6 +132,21 @@ def test_an_install_from_other_sources_is_not_loaded(tmp_path, monkeypatch):
     assert path is None and "other sources" in why
 
 
+@pytest.mark.parametrize("variants", [["portable"], "portable", {"portable": "swiftk_cpu-portable.so"},
+                                      {"portable": ["x"]}, {"portable": 3}])
+def test_a_manifest_of_the_wrong_shape_falls_back_naming_the_file(tmp_path, monkeypatch, variants):
+    """'variants' as a list or a string, or an entry that is not an object: no library from it, a warning that names
+    the manifest (the runtime then compiles one), never a raw AttributeError."""
+    folder = _installed_copy(tmp_path, ["portable"], cpu="x")
+    m = json.loads((folder / "manifest.json").read_text())
+    m["variants"] = variants
+    (folder / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setattr(native, "INSTALLED", folder)
+    with pytest.warns(RuntimeWarning, match=f"kernel manifest {folder / 'manifest.json'} is malformed"):
+        path, why = native.installed()
+    assert path is None and "malformed" in why
+
+
 def test_corpus_tables_are_shared_per_tokenizer_and_bounded(tmp_path, monkeypatch):
     import swiftk.proposers.datastore as dsm
 

@@ -370,3 +370,28 @@ def test_hf_dir_round_trip(tmp_path, smol_ck, hf_smol):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SwiftkError, match="hidden_size"):
         load_checkpoint(bad)
+
+
+def test_ctrl_c_while_the_gguf_metadata_is_read_is_not_lost(tmp_path, monkeypatch):
+    """NumPy clears an exception pending inside its comparisons, which the reader runs per metadata value: a SIGINT
+    landing there was lost and loading went on. Now it surfaces as KeyboardInterrupt once the metadata is read."""
+    import signal
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "llama")
+    real, fired = gguf_file._field_value, []
+
+    def field_value(field):   # a SIGINT inside code that swallows what is raised there, as numpy's comparison does
+        if not fired:
+            fired.append(True)
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass
+        return real(field)
+
+    monkeypatch.setattr(gguf_file, "_field_value", field_value)
+    with pytest.raises(KeyboardInterrupt):
+        gguf_file.read_gguf(path)
+    assert fired and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.setattr(gguf_file, "_field_value", real)
+    assert gguf_file.read_gguf(path).metadata   # and a read without one is unchanged

@@ -96,6 +96,9 @@ class Batch:
         # run at another rate per row)
         if len(shared) > 1 and all(p.kind != "prefill" for _, p in shared):
             self.fit.add(total, dt)
+            costs = shared[0][0].s.costs
+            if costs.step is None:   # no call alone timed a step yet: drafts are priced from this pass (a prior's
+                costs.observe_verify(total, dt)   # step share of it), so a fresh engine's batch drafts too
         for (d, p), logits in zip(shared, out):
             d.s.stats.shared_passes += len(shared) > 1
             try:

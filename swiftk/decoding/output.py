@@ -6,6 +6,7 @@ token plain autoregressive decoding would have stopped at.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import queue
@@ -215,6 +216,23 @@ def progress_bar(total: int, callback, count):
     return bar, cb
 
 
+# Streams whose worker thread is still decoding: at interpreter exit they are cancelled and joined (_end_streams). A
+# daemon worker left inside a kernel when the interpreter finalizes is torn down mid-call (abort: "terminate called
+# without an active exception").
+_LIVE: dict = {}   # worker thread -> its cancel event
+_EXIT_WAIT_S = 60.0
+
+
+def _end_streams() -> None:
+    for th, cancel in list(_LIVE.items()):
+        cancel.set()
+    for th in list(_LIVE):
+        th.join(_EXIT_WAIT_S)   # a cancelled call ends at its next token (or prefill chunk)
+
+
+atexit.register(_end_streams)
+
+
 def stream_pieces(generate, prompt, **kw):
     """``generate(prompt, callback=..., _cancel=..., **kw)`` in a worker thread, its text pieces yielded as they
     come; closing the iterator cancels the generation at its next token."""
@@ -227,9 +245,11 @@ def stream_pieces(generate, prompt, **kw):
         except BaseException as e:  # surfaced in the consumer
             box["error"] = e
         finally:
+            _LIVE.pop(threading.current_thread(), None)
             q.put(done)
 
     th = threading.Thread(target=run, daemon=True, name="swiftk-stream")
+    _LIVE[th] = cancel
     th.start()
     try:
         while (item := q.get()) is not done:

@@ -4,7 +4,10 @@ checkpoint from these.
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -97,6 +100,37 @@ class GGUFFile:
 _READER_PSEUDO_FIELDS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
 
 
+@contextlib.contextmanager
+def _interrupt_after():
+    """Ctrl-C during the block raises KeyboardInterrupt when it ends. NumPy's comparisons, which the reader runs per
+    metadata value, clear an exception pending inside them, so a SIGINT landing there was lost."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield   # not ours to change: another thread, or the program's own handler
+        return
+    hit = []
+    signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
+
+
+def _open_reader(path: Path, size: int) -> "_PlainViewReader":
+    try:
+        return _PlainViewReader(path)
+    except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
+        if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
+            raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
+        # the reader's own messages are about numpy views, not the file: say what it means for the user
+        what = str(e) if isinstance(e, _Impossible) else ("its header or tensor index ends early or holds "
+                                                          "impossible sizes")
+        raise SwiftkError(f"GGUF {path} is truncated or corrupt: {what} ({size} bytes on disk); get a fresh "
+                          f"copy") from e
+
+
 class _PlainViewReader(GGUFReader):
     """GGUFReader over a plain ndarray view of its memmap.
 
@@ -183,19 +217,11 @@ def read_gguf(path) -> GGUFFile:
     if version not in READER_SUPPORTED_VERSIONS:
         hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
         raise SwiftkError(f"{path}: unsupported GGUF version {version}{hint}")
-    try:
-        reader = _PlainViewReader(path)
-    except Exception as e:  # a short or damaged header surfaces as Index/Value/Key errors from numpy slicing
-        if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):
-            raise SwiftkError(f"GGUF {path.name}: unsupported quant type ({e})") from e
-        # the reader's own messages are about numpy views, not the file: say what it means for the user
-        what = str(e) if isinstance(e, _Impossible) else ("its header or tensor index ends early or holds "
-                                                          "impossible sizes")
-        raise SwiftkError(f"GGUF {path} is truncated or corrupt: {what} ({size} bytes on disk); get a fresh "
-                          f"copy") from e
-    if reader.byte_order != "I":
-        raise SwiftkError(f"GGUF {path.name} has non-native byte order, which swiftk does not support")
-    meta = {name: _field_value(f) for name, f in reader.fields.items() if name not in _READER_PSEUDO_FIELDS}
+    with _interrupt_after():
+        reader = _open_reader(path, size)
+        if reader.byte_order != "I":
+            raise SwiftkError(f"GGUF {path.name} has non-native byte order, which swiftk does not support")
+        meta = {name: _field_value(f) for name, f in reader.fields.items() if name not in _READER_PSEUDO_FIELDS}
     tensors = []
     for rt in reader.tensors:
         dims = tuple(int(d) for d in rt.shape)

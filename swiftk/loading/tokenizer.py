@@ -278,6 +278,15 @@ class Tokenizer:
         sequence: a draft model must propose the target's ids, whatever each file calls end-of-sequence."""
         return hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()[:16]
 
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token covers (the longest vocabulary entry, UTF-8): a text of B
+        bytes is at least B / this many tokens, known before tokenizing it."""
+        if getattr(self, "_max_token_bytes", None) is None:
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max([len(t.encode("utf-8", "surrogatepass")) for t in vocab] or [1])
+        return self._max_token_bytes
+
     # ---- use ----------------------------------------------------------------------------
     def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
         _check_text(text, "text to encode")

@@ -37,6 +37,7 @@ class DecodeThread:
 
     def __init__(self, engine, max_batch: int, queue_size: int):
         self.engine, self.max_batch, self.queue_size = engine, max_batch, queue_size
+        engine.reserve_slots(max_batch, f"--max-batch {max_batch}")   # refused here, not by the allocator
         for i in range(max_batch):   # every slot's KV cache now: a server's memory is set at start, never mid-request
             engine.slot(i)
         self.sched = Scheduler(engine, max_batch)
@@ -62,8 +63,8 @@ class DecodeThread:
         with self._lock:
             if self.closing:
                 raise APIError(503, "the server is shutting down")
-            waiting = self.sched.waiting   # free slots take waiting requests first, the queue the rest
-            if waiting >= self.queue_size + max(0, self.max_batch - self.sched.running):
+            waiting, running = self.sched.load()   # free slots take waiting requests first, the queue the rest
+            if waiting >= self.queue_size + max(0, self.max_batch - running):
                 retry = max(1, math.ceil(self._job_s * (waiting + 1) / self.max_batch))
                 raise APIError(429, f"all {self.max_batch} decoding slots are busy and {waiting} requests are waiting "
                                f"(queue size {self.queue_size}); retry in {retry} s", code="queue_full",

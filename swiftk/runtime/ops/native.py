@@ -263,9 +263,14 @@ def installed() -> tuple:
         return None, f"no installed library ({e})"
     if not isinstance(manifest, dict) or manifest.get("sources") != sources_digest():
         return None, "the installed library was built from other sources (an edited checkout)"
+    variants = manifest.get("variants") or {}
+    if not isinstance(variants, dict) or not all(isinstance(e, dict) for e in variants.values()):
+        warn(f"swiftk: the kernel manifest {INSTALLED / 'manifest.json'} is malformed ('variants' must map each "
+             "variant to an object); compiling a library for this machine instead", RuntimeWarning)
+        return None, "malformed manifest"
     have, table = set(_cpu_id().split()), _variants()
     for v in table["order"]:
-        entry = (manifest.get("variants") or {}).get(v)
+        entry = variants.get(v)
         if not entry:
             continue
         if v == "native" and manifest.get("cpu") != _cpu_id():
