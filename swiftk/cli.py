@@ -119,6 +119,8 @@ def _main(argv) -> int:
     s.add_argument("--max-batch", type=int, default=None,
                    help="requests decoding together, every round in one pass (default: sized to the machine)")
     s.add_argument("--queue-size", type=int, default=16, help="requests waiting for a slot before HTTP 429")
+    s.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                   help="comma-separated origins a browser may call from (CORS), or '*'; default: none")
     s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
                    help="decode option for every request, or optimizer option for the engine")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -325,6 +327,7 @@ def _serve(a) -> int:
         raise SwiftkError(f"swiftk serve needs {' and '.join(missing)}: pip install -e \".[serve]\"")
     # lazy: the server extra (fastapi, checked just above) and torch, for this subcommand only
     from .serve import serve
+    from .serve.app import check_origins
 
     if not 0 <= a.port <= 65535:
         raise SwiftkError(f"--port must be in [0, 65535], got {a.port}")
@@ -333,6 +336,8 @@ def _serve(a) -> int:
     except OSError as e:
         raise SwiftkError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
+    origins = [o.strip() for o in a.allowed_origins.split(",") if o.strip()]
+    check_origins(origins)   # before the slow load
     if a.draft_model and a.method not in (None, "draft_model"):   # before loading two models
         raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
@@ -344,7 +349,7 @@ def _serve(a) -> int:
     try:
         serve(eng, name, host=a.host, port=a.port, log_level=a.log_level, api_keys=a.api_key,
               history_scope=a.history_scope, queue_size=a.queue_size, method=a.method, options=decode_kw,
-              max_batch=a.max_batch)
+              max_batch=a.max_batch, allowed_origins=origins)
     except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it handled once it has shut down
         return 130
     return 0

@@ -171,7 +171,6 @@ def test_concurrent_clients_decode_together_with_their_solo_outputs(live, ref):
 
 
 @pytest.mark.parametrize("kw, param", [
-    (dict(model="no-such-model"), "model"),
     (dict(max_tokens=-1), "max_tokens"),
     (dict(max_tokens=10**9), "max_tokens"),
     (dict(temperature=5.0), "temperature"),
@@ -190,6 +189,101 @@ def test_bad_completion_requests_get_400(live, kw, param):
     assert err["message"] and err["type"] == "invalid_request_error"
     if param:
         assert err["param"] == param
+
+
+def test_fields_that_ask_nothing_of_the_output_are_accepted(live, ref):
+    """OpenAI fields that ask nothing of the tokens are no-ops, not 400s: a message's name, the developer role (the
+    system role), an assistant message echoed back with model_dump() (null refusal, tool_calls, audio,
+    annotations), store, metadata, service_tier, prompt_cache_key, parallel_tool_calls, user,
+    stream_options.include_obfuscation. The output is the one without them."""
+    c = live.client()
+    first = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0)
+    assert first.choices[0].message.content == ref["chat"]
+    echoed = first.choices[0].message.model_dump()
+    assert "refusal" in echoed and "tool_calls" in echoed
+    convo = [{"role": "system", "content": "Be brief."}, {**MSGS[0], "name": "alice"}, echoed,
+             {"role": "user", "content": "And in Python?"}]
+    plain = [{"role": "system", "content": "Be brief."}, MSGS[0],
+             {"role": "assistant", "content": ref["chat"]}, {"role": "user", "content": "And in Python?"}]
+    noops = dict(store=False, metadata={"run": "7"}, service_tier="auto", user="u1",
+                 extra_body={"prompt_cache_key": "k", "parallel_tool_calls": False})
+    want = c.chat.completions.create(model=NAME, messages=plain, max_tokens=12, temperature=0).choices[0]
+    got = c.chat.completions.create(model=NAME, messages=convo, max_tokens=12, temperature=0, **noops).choices[0]
+    assert got.message.content == want.message.content
+    dev = [{"role": "developer", "content": "Be brief."}, *plain[1:]]
+    assert c.chat.completions.create(model=NAME, messages=dev, max_tokens=12,
+                                     temperature=0).choices[0].message.content == want.message.content
+    chunks = list(c.chat.completions.create(model=NAME, messages=plain, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "include_obfuscation": False}))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want.message.content
+    with pytest.raises(openai.BadRequestError) as e:   # a tool call in the history is not a no-op: refused
+        c.chat.completions.create(model=NAME, max_tokens=4, messages=[*plain[:2], {
+            "role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
+                                                                 "function": {"name": "f", "arguments": "{}"}}]}])
+    assert e.value.body["param"] == "messages.2.tool_calls"
+
+
+def test_an_unknown_model_is_404_model_not_found(live):
+    with pytest.raises(openai.NotFoundError) as e:
+        live.client().completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+
+
+def test_a_chat_over_the_context_without_max_tokens_says_context_length_exceeded(live, ref):
+    """max_tokens omitted: the default is the rest of the context, and a prompt that fills it is the context
+    error clients trim their history on (it was "max_tokens must be >= 1, got -3908", code null)."""
+    long = [{"role": "user", "content": " ".join(["word"] * (ref["max_context"] + 10))}]
+    with pytest.raises(openai.BadRequestError) as e:
+        live.client().chat.completions.create(model=NAME, messages=long)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "messages"
+    assert "max_tokens" not in e.value.body["message"]
+
+
+def test_streamed_usage_comes_once_in_the_last_chunk_and_only_when_asked(live):
+    c = live.client()
+    asked = list(c.completions.create(model=NAME, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                      stream_options={"include_usage": True}))
+    assert [i for i, ch in enumerate(asked) if ch.usage is not None] == [len(asked) - 1]
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 8
+    plain = list(c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=8, temperature=0, stream=True))
+    assert all(ch.usage is None for ch in plain)
+
+
+def test_usage_counts_the_cached_prompt_tokens(live):
+    c = live.client()
+    prompt = PROMPT + " # a prompt of its own, for the cache"
+    c.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0)
+    r = c.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens == r.model_extra["swiftk"]["prompt_reused"] > 0
+
+
+def test_cors_is_off_by_default_and_allowed_origins_opens_it(live, smollm2_path):
+    pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization,content-type"}
+
+    def options(url):
+        req = urllib.request.Request(url + "/v1/chat/completions", headers=pre, method="OPTIONS")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers
+
+    status, headers = options(live.url)
+    assert "access-control-allow-origin" not in {k.lower() for k in headers}
+    srv = Live(smollm2_path, "--allowed-origins", "http://localhost:3000")
+    try:
+        status, headers = options(srv.url)
+        assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert "authorization" in headers["access-control-allow-headers"].lower()
+        status, js, headers = srv.post("/v1/completions", json.dumps(
+            {"model": NAME, "prompt": PROMPT, "max_tokens": 2}).encode(), {"Origin": "http://localhost:3000"})
+        assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000"
+    finally:
+        srv.stop()
+    out = subprocess.run([sys.executable, "-m", "swiftk.cli", "serve", "--model", str(smollm2_path),
+                          "--allowed-origins", "localhost:3000/app"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "allowed origin" in out.stderr
 
 
 @pytest.mark.parametrize("messages", [

@@ -1,8 +1,9 @@
 """The OpenAI request bodies swiftk accepts, and the responses and errors it answers, as plain data.
 
-Every field of OpenAI's completions and chat-completions requests is either applied or refused with HTTP 400
-naming it (``n=2``, penalties, logprobs, tools...); unknown fields are refused too (``extra="forbid"``), so a
-client never gets an answer that silently ignored what it asked for.
+Every field of OpenAI's completions and chat-completions requests is applied, accepted as a no-op where it asks
+nothing of the output (``store``, ``metadata``, ``user``...: NO_OPS), or refused with HTTP 400 naming it (``n=2``,
+penalties, logprobs, tools...); unknown fields are refused too (``extra="forbid"``), so a client never gets an
+answer that silently ignored what it asked for.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
+    include_obfuscation: Optional[StrictBool] = None   # no-op: swiftk pads no chunk
 
 
 class _Common(_Strict):
@@ -55,7 +57,13 @@ class _Common(_Strict):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict] = None
-    user: Optional[str] = None
+    # no-ops: they ask nothing of the output (storage, tags, routing and cache hints, end-user ids)
+    user: Optional[StrictStr] = None
+    safety_identifier: Optional[StrictStr] = None
+    store: Optional[StrictBool] = None
+    metadata: Optional[dict] = None
+    service_tier: Optional[StrictStr] = None
+    prompt_cache_key: Optional[StrictStr] = None
 
 
 class CompletionRequest(_Common):
@@ -72,8 +80,15 @@ class TextPart(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]   # developer: OpenAI's newer name for system
     content: Union[StrictStr, List[TextPart]]
+    name: Optional[StrictStr] = None   # a participant's name: the chat templates have no place for it
+    # what an assistant message echoed back from a response carries (``message.model_dump()``), at its empty value
+    refusal: Optional[StrictStr] = None
+    tool_calls: Optional[list] = None
+    function_call: Optional[dict] = None
+    audio: Optional[dict] = None
+    annotations: Optional[list] = None
 
 
 class ChatRequest(_Common):
@@ -83,12 +98,13 @@ class ChatRequest(_Common):
     top_logprobs: Optional[int] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[str, dict]] = None
+    parallel_tool_calls: Optional[StrictBool] = None   # no-op without tools
     response_format: Optional[dict] = None
 
 
 # field -> the values that mean "not asked for"; anything else is refused by name
 UNSUPPORTED = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-               "logit_bias": (None, {}), "user": (None,), "echo": (None, False), "logprobs": (None, False),
+               "logit_bias": (None, {}), "echo": (None, False), "logprobs": (None, False),
                "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "tools": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 
@@ -111,6 +127,11 @@ def parse(model: type, raw) -> _Common:
         value = getattr(req, name, None)
         if value not in ok:
             raise APIError(400, f"{name}={value!r} is not supported by swiftk", param=name, code="unsupported")
+    for i, m in enumerate(getattr(req, "messages", None) or []):
+        for name in ("tool_calls", "function_call", "audio"):   # an echoed message's empty fields pass; content not
+            if getattr(m, name) not in (None, [], {}):
+                raise APIError(400, f"messages.{i}.{name}: tool calls and audio are not supported by swiftk",
+                               param=f"messages.{i}.{name}", code="unsupported")
     return req
 
 
@@ -118,9 +139,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(result) -> dict:
+    """OpenAI's usage of one response; ``cached_tokens``: prompt tokens whose KV an earlier call left (reused)."""
+    p, c = len(result.prompt_ids), len(result.token_ids)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": int(result.stats.prompt_reused)}}
 
 
 def stats(result, queue_s: float) -> dict:
@@ -142,7 +165,7 @@ def response(chat: bool, rid: str, model: str, result, queue_s: float) -> dict:
     else:
         choice["text"] = result.text
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(len(result.prompt_ids), len(result.token_ids)),
+            "model": model, "choices": [choice], "usage": usage(result),
             "swiftk": stats(result, queue_s)}
 
 

@@ -12,10 +12,12 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from typing import Optional, Sequence
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -49,7 +51,7 @@ class Server:
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
                  queue_size: int = 16, method: Optional[str] = None, options: Optional[dict] = None,
-                 max_batch: Optional[int] = None):
+                 max_batch: Optional[int] = None, allowed_origins: Sequence[str] = ()):
         if history_scope not in HISTORY_SCOPES:
             raise SwiftkError(f"history_scope must be one of {HISTORY_SCOPES}, got {history_scope!r}")
         if history_scope == "key" and not api_keys:
@@ -59,6 +61,7 @@ class Server:
         max_batch = check_max_batch(engine.default_max_batch if max_batch is None else max_batch)
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
+        self.allowed_origins = check_origins(allowed_origins)
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
         m = methods.get(method)
         split, opt = split_options(dict(options or {}))
@@ -81,6 +84,9 @@ class Server:
     # ------------------------------------------------------------------ app
     def app(self) -> FastAPI:
         app = FastAPI(title="swiftk", docs_url=None, redoc_url=None, openapi_url=None)
+        if self.allowed_origins:   # browsers may call from these origins (preflight OPTIONS answered); off by default
+            app.add_middleware(CORSMiddleware, allow_origins=self.allowed_origins, allow_methods=["GET", "POST"],
+                               allow_headers=["Authorization", "Content-Type"], max_age=600)
 
         @app.exception_handler(HTTPException)
         async def http_error(request, exc):   # unknown route, wrong method: OpenAI's error shape too
@@ -166,11 +172,11 @@ class Server:
                 yield _sse(_as_api_error(e).body())
                 yield "data: [DONE]\n\n"
                 return
-            use = api.usage(len(result.prompt_ids), len(result.token_ids))
+            # usage once, in OpenAI's last chunk (choices: []), and only when asked
             yield _sse(api.chunk(chat, rid, name, text=None if chat else "", finish=api.FINISH[result.finish_reason],
-                                 extra={"usage": use, "swiftk": api.stats(result, job.queue_s)}))
+                                 extra={"swiftk": api.stats(result, job.queue_s)}))
             if include_usage:
-                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": use}))
+                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": api.usage(result)}))
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
@@ -186,8 +192,8 @@ class Server:
 
     def _job(self, req, chat: bool, key: Optional[str]) -> Job:
         """Everything checked before the request queues, so a bad one never waits for the engine."""
-        if req.model != self.model_name:
-            raise APIError(400, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+        if req.model != self.model_name:   # 404 as OpenAI answers it: clients raise NotFoundError
+            raise APIError(404, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
         ids = self._prompt_ids(req, chat)
         room = self.engine.max_context - len(ids)
@@ -195,6 +201,10 @@ class Server:
         param = "max_completion_tokens" if limit is not None else "max_tokens"
         limit = limit if limit is not None else req.max_tokens
         if limit is None:   # OpenAI's defaults: 16 for completions, the rest of the context for chat
+            if room < 1:   # the prompt alone fills the context: the code clients trim their history on
+                raise APIError(400, f"the prompt is {len(ids)} tokens; this model's context is "
+                               f"{self.engine.max_context} tokens", param="messages" if chat else "prompt",
+                               code="context_length_exceeded")
             limit = 16 if not chat else room
         if limit < 1:
             raise APIError(400, f"{param} must be >= 1, got {limit}", param=param)
@@ -220,8 +230,9 @@ class Server:
         eng = self.engine
         try:
             if chat:
-                msgs = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                         else "".join(p.text for p in m.content)} for m in req.messages]
+                msgs = [{"role": "system" if m.role == "developer" else m.role,
+                         "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+                        for m in req.messages]
                 if not msgs:
                     raise APIError(400, "messages is empty", param="messages")
                 return eng.encode_prompt(msgs, chat=True)
@@ -243,6 +254,16 @@ class Server:
         return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
                                    callback=callback, state=job.state, _cancel=job.cancel, **job.sampling,
                                    **self.options)
+
+
+def check_origins(origins: Sequence[str]) -> list:
+    """``--allowed-origins``: "*" or origins as browsers send them (scheme://host[:port], no path)."""
+    out = []
+    for o in origins:
+        if not isinstance(o, str) or not (o == "*" or re.fullmatch(r"https?://[^/\s]+", o)):
+            raise SwiftkError(f"allowed origin {o!r}: use '*' or scheme://host[:port], e.g. http://localhost:3000")
+        out.append(o)
+    return out
 
 
 def _finished(result):
