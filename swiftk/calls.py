@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 from . import methods
 from .decoding.costs import Gate
 from .decoding.loop import Decoder
-from .decoding.output import GenerationResult, TokenSink, check_lengths, progress_bar, rate
+from .decoding.output import GenerationResult, TokenLogprobs, TokenSink, check_lengths, progress_bar, rate
 from .decoding.prefix import may_reuse
 from .decoding.sampler import Sampler, SamplingParams
 from .decoding.session import Session
@@ -74,7 +74,7 @@ class Calls:
                 chat: bool = False, callback: Optional[Callable[[str], None]] = None,
                 progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
                 state: Optional[LearnedState] = None, proposers: Sequence = (),
-                _cancel: Optional[threading.Event] = None, **options) -> Request:
+                _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None, **options) -> Request:
         """``generate``'s arguments checked, before any work: what a call (alone or in a batch) decodes from."""
         m = methods.get(self.default_method if method is None else method)
         decode_kw, opt_kw = split_options(options)
@@ -101,8 +101,9 @@ class Calls:
                              "optimize" in decode_kw and cfg.optimize)
         ids = self.encode_prompt(prompt, chat)
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
+        lp = None if logprobs is None else TokenLogprobs(logprobs)
         return Request(ids, max_new_tokens, m, sp, list(stop), cfg, fixed, state, proposers, reuse_ok, exit_layer,
-                       callback, progress, _cancel)
+                       callback, progress, _cancel, lp)
 
     def open_call(self, req: Request, slot: int, batched: bool = False) -> Call:
         """Start decoding ``req`` on batch slot ``slot`` (its KV cache): the method's drafter and learned state,
@@ -123,13 +124,14 @@ class Calls:
         reuse = sl.held.shared(sl.cache, req.ids) if req.reuse_ok else 0
         sl.held.forget()   # recorded again once this call has finished, if its passes were exact
         call = Call(req, sl, state, sink, sampler, reuse, bar, time.perf_counter())
-        if m.speculative or batched:   # the reference alone keeps its own loop; in a batch it takes plain rounds
+        # the reference alone keeps its own loop; in a batch, or recording logprobs, it takes plain rounds
+        if m.speculative or batched or req.logprobs is not None:
             # free drafts are deterministic: tree rejection sampling has no rule for them
             rejection = not sp.greedy and cfg.sampling == "rejection"
             sources = [] if rejection or not m.speculative else free_sources(self, state, cfg, req.proposers)
             gate_memory = state.gate if m.speculative else LearnedState(self.config.n_layers, self.state.cfg).gate
             s = Session(self.model, sl.cache, self.costs, Gate(self.costs, gate_memory, cfg), sampler, sink, cfg,
-                        req.ids, (*FREE, *(x.name for x in sources)), reuse)
+                        req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs)
             drafter = m.drafter(self, state, cfg, req.fixed, slot) if m.speculative else None
             call.decoder = Decoder(s, drafter, sources)
         return call
@@ -152,8 +154,9 @@ class Calls:
         stats.exit_layer = req.exit_layer
         if self.persist and m.speculative and call.state is self.state:
             self._save_persisted()
+        lp = None if req.logprobs is None else req.logprobs.entries[:len(sink.ids)]
         return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=req.ids,
-                                finish_reason=sink.finish_reason, stats=stats)
+                                finish_reason=sink.finish_reason, stats=stats, logprobs=lp)
 
     @property
     def slot_bytes(self) -> int:

@@ -193,7 +193,8 @@ class Engine(EngineCorpus, Calls):
                  chat: bool = False, callback: Optional[Callable[[str], None]] = None,
                  progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
                  state: Optional[LearnedState] = None, proposers: Sequence = (),
-                 _cancel: Optional[threading.Event] = None, **options) -> GenerationResult:
+                 _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None,
+                 **options) -> GenerationResult:
         """Generate a continuation; greedy when temperature == 0.
 
         ``method``: one of ``swiftk.methods.names()``: "swift" (the default; "draft_model" on an engine loaded with a
@@ -204,10 +205,12 @@ class Engine(EngineCorpus, Calls):
         ``propose(tokens) -> list[int]``, priced and gated like the built-in free drafts; ``callback(piece)`` gets the
         text as it comes (an exception it raises ends the call and propagates unchanged). ``options``: decode options
         (options.DecodeConfig) for this call. Seeded sampling gives the same tokens for the same (model, dtype, device,
-        prompt, sampling options, seed) whatever the method or learned state (coupled sampling).
+        prompt, sampling options, seed) whatever the method or learned state (coupled sampling). ``logprobs=K``
+        (0..20): ``result.logprobs`` holds each token's log-probability under the target and its K likeliest
+        alternatives (decoding.output.TokenLogprobs: the same with or without speculation).
         """
         req = self.request(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop, chat, callback,
-                           progress, exit_layer, skip_set, state, proposers, _cancel, **options)
+                           progress, exit_layer, skip_set, state, proposers, _cancel, logprobs=logprobs, **options)
         with self._own():
             call = self.open_call(req, 0)
             try:

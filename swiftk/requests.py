@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .decoding.output import TokenSink
+from .decoding.output import TokenLogprobs, TokenSink
 from .decoding.prefix import HeldPrefix
 from .decoding.sampler import Sampler, SamplingParams
 from .errors import SwiftkError
@@ -36,6 +36,7 @@ class Request:
     callback: Optional[Callable] = None
     progress: bool = False
     cancel: Optional[threading.Event] = None
+    logprobs: Optional[TokenLogprobs] = None   # logprobs=K asked: the emitted tokens' log-probabilities, filled in
 
 
 @dataclass

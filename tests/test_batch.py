@@ -21,6 +21,7 @@ from swiftk.scheduler import Scheduler
 PROMPTS = ["def quicksort(arr):", "class Stack:\n    def __init__(self):", "Once upon a time",
            "import os\n\ndef walk(path):\n    for root, dirs, files in os.walk(path):",
            "The three primary colours are", "def fib(n):\n    if n < 2:\n        return n\n"]
+REPEATS = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n"
 LONG = "# a long prompt that prefills in chunks beside the others\n" + "x = [i * i for i in range(10)]\n" * 20
 
 
@@ -162,10 +163,29 @@ def test_generate_many_checks_every_prompt_first(eng):
         eng.generate_many(PROMPTS[:2], callback=print)
 
 
+def test_logprobs_are_the_same_alone_speculating_and_batched(eng):
+    """logprobs=K: each token's log-probability and its K likeliest alternatives come from the scores that chose it,
+    which are batch invariant: the reference, the default (speculating) and a batch give the same numbers, greedy
+    and seeded."""
+    prompts = [PROMPTS[0], REPEATS]
+    for kw in ({}, dict(temperature=0.8, seed=3)):
+        ar = [eng.generate(p, max_new_tokens=24, method="autoregressive", logprobs=3, **kw) for p in prompts]
+        spec = [eng.generate(p, max_new_tokens=24, logprobs=3, **kw) for p in prompts]
+        many = eng.generate_many(prompts, max_new_tokens=24, logprobs=3, **kw)
+        assert sum(r.stats.rounds for r in spec) > 0
+        for a, b, c in zip(ar, spec, many):
+            assert a.token_ids == b.token_ids == c.token_ids
+            assert a.logprobs == b.logprobs == c.logprobs and len(a.logprobs) == len(a.token_ids)
+            assert all(len(e["top"]) == 3 and e["top"][0][1] >= e["logprob"] for e in a.logprobs)
+            if not kw:   # greedy: the chosen token is the likeliest
+                assert all(e["top"][0][0] == e["token_id"] for e in a.logprobs)
+    assert eng.generate(PROMPTS[0], max_new_tokens=4).logprobs is None
+    for bad in (-1, 21, True, 1.5):
+        with pytest.raises(SwiftkError, match="logprobs"):
+            eng.generate(PROMPTS[0], max_new_tokens=4, logprobs=bad)
+
+
 # ---- a fresh engine's batch drafts; memory for the calls there are ------------------------------------------------
-REPEATS = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n"
-
-
 def test_a_fresh_engines_batch_drafts_and_consults_proposers(smollm2_path):
     """No call alone has timed a plain step: the batch's own passes price the drafts, so generate_many drafts from
     its first rounds (it never did), user proposers are consulted, and one that raises or calls back into the

@@ -176,7 +176,8 @@ def test_concurrent_clients_decode_together_with_their_solo_outputs(live, ref):
     (dict(temperature=5.0), "temperature"),
     (dict(temperature=1e-7), None),
     (dict(top_p=0.0), None),
-    (dict(n=2), "n"),
+    (dict(n=0), "n"),
+    (dict(n=65), "n"),
     (dict(extra_body={"frequency_penalty": 0.5}), "frequency_penalty"),
     (dict(extra_body={"bogus": 1}), "bogus"),
     (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
@@ -221,6 +222,72 @@ def test_fields_that_ask_nothing_of_the_output_are_accepted(live, ref):
             "role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
                                                                  "function": {"name": "f", "arguments": "{}"}}]}])
     assert e.value.body["param"] == "messages.2.tool_calls"
+
+
+def test_n_choices_and_several_prompts_decode_as_requests_of_the_batch(live, ref):
+    """n choices of a prompt, and several prompts in one completions request (langchain's .batch()), are requests of
+    the batch: each choice is what the same request alone gives (greedy: the solo text; seeded: choice j has the
+    seed + j), the usage counts each prompt once, and a stream names each chunk's choice."""
+    c = live.client()
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and all(ch.text == ref["text"] for ch in r.choices)
+    one = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == 3 * one.usage.completion_tokens
+    other = "Once upon a time"
+    both = c.completions.create(model=NAME, prompt=[PROMPT, other], max_tokens=12, temperature=0, n=2)
+    alone = [c.completions.create(model=NAME, prompt=p, max_tokens=12, temperature=0).choices[0].text
+             for p in (PROMPT, other)]
+    assert [ch.text for ch in both.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    seeded = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=5, n=2)
+    solo = [c.completions.create(model=NAME, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=s).choices[0].text
+            for s in (5, 6)]
+    assert [ch.text for ch in seeded.choices] == solo
+    chat = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0, n=2)
+    assert [ch.message.content for ch in chat.choices] == [ref["chat"]] * 2
+    chunks = list(c.completions.create(model=NAME, prompt=[PROMPT, other], max_tokens=12, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    texts = {0: "", 1: ""}
+    for ch in chunks:
+        for x in ch.choices:
+            texts[x.index] += x.text
+    assert texts == {0: alone[0], 1: alone[1]}
+    assert [i for i, ch in enumerate(chunks) if ch.usage is not None] == [len(chunks) - 1]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=NAME, prompt=[PROMPT] * 33, max_tokens=2, n=2)
+    assert e.value.body["param"] == "prompt"
+
+
+def test_logprobs_are_the_targets_with_or_without_streaming(live, ref, smollm2_path):
+    """logprobs / top_logprobs in chat and completions, whole and streamed: the engine's (the target's log-softmax
+    over the scores that chose each token), in OpenAI's shapes; the stream's chunks add up to the whole."""
+    eng = swiftk.load(str(smollm2_path), persist=False)
+    want = eng.generate(PROMPT, max_new_tokens=24, method="autoregressive", logprobs=2).logprobs
+    c = live.client()
+    r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == [e["logprob"] for e in want]
+    assert "".join(lp.tokens) == r.choices[0].text == ref["text"]
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(t) == 2 and max(t.values()) == x for t, x in zip(lp.top_logprobs, lp.token_logprobs))
+    chunks = list(c.completions.create(model=NAME, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=2,
+                                       stream=True))
+    streamed = [x for ch in chunks for x in (ch.choices[0].logprobs.token_logprobs if ch.choices and
+                                               ch.choices[0].logprobs else [])]
+    assert streamed == lp.token_logprobs
+    chat = c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0, logprobs=True,
+                                     top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in content)
+    assert b"".join(bytes(t.bytes) for t in content).decode() == chat.choices[0].message.content == ref["chat"]
+    chunks = list(c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=20, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True))
+    assert [t.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for t in ch.choices[0].logprobs.content] == [t.logprob for t in content]
+    for bad, param in ((dict(top_logprobs=2), "top_logprobs"), (dict(logprobs=True, top_logprobs=21), "top_logprobs")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=NAME, messages=MSGS, max_tokens=2, **bad)
+        assert e.value.body["param"] == param
 
 
 def test_an_unknown_model_is_404_model_not_found(live):

@@ -141,7 +141,7 @@ class Decoder:
         else:
             gate.free_measured(len(nodes), tree.size)
         t = time.perf_counter()
-        s.commit(tree, nodes, bonus, p.phase, p.t_draft, t_verify, len(levels))
+        s.commit(tree, nodes, bonus, p.phase, p.t_draft, t_verify, len(levels), logits)
         s.timer.add("other", t)
 
     def close(self):

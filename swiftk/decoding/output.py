@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
+import torch
+
 from ..errors import SwiftkError
 
 @dataclass
@@ -84,6 +86,33 @@ class GenerationResult:
     prompt_ids: list
     finish_reason: str            # "eos" | "stop" | "length" | "cancelled"
     stats: DecodeStats = field(default_factory=DecodeStats)
+    # generate(logprobs=K): per token of token_ids, {"token_id", "logprob", "top": [[id, logprob] * K]}; else None
+    logprobs: Optional[list] = None
+
+
+MAX_LOGPROBS = 20   # alternatives per token at most (OpenAI's limit)
+
+
+class TokenLogprobs:
+    """The log-probabilities of a call's emitted tokens under the target: log-softmax of the very scores that chose
+    each token (the verify pass's rows, batch invariant), before temperature, top-k and top-p, as vLLM reports
+    them; so they are the same with or without speculation. ``top``: the K most likely alternatives too."""
+
+    def __init__(self, top: int):
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+            raise SwiftkError(f"logprobs must be an int in 0..{MAX_LOGPROBS} (alternatives per token), got {top!r}")
+        self.top, self.entries = top, []
+
+    def of(self, rows, tokens: list) -> list:
+        lp = torch.log_softmax(rows.float(), -1)
+        ids = torch.tensor([int(t) for t in tokens], device=lp.device)
+        chosen = lp.gather(1, ids[:, None])[:, 0].tolist()
+        out = [{"token_id": int(t), "logprob": c, "top": []} for t, c in zip(tokens, chosen)]
+        if self.top:
+            v, i = lp.topk(self.top, -1)
+            for e, vs, ix in zip(out, v.tolist(), i.tolist()):
+                e["top"] = [[a, b] for a, b in zip(ix, vs)]
+        return out
 
 
 class TokenSink:

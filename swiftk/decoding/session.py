@@ -8,11 +8,12 @@ search's matchness passes write scratch KV there too. ``cache.commit`` moves the
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from ..errors import SwiftkError
 from .costs import CostModel, Gate
 from ..proposers.base import DraftContext
-from .output import DecodeStats, Timer, TokenSink
+from .output import DecodeStats, Timer, TokenLogprobs, TokenSink
 from .passes import prefill_rows, step_rows
 from .sampler import Sampler
 from .tree import DRAFT, ROOT
@@ -20,7 +21,7 @@ from .tree import DRAFT, ROOT
 
 class Session:
     def __init__(self, model, cache, costs: CostModel, gate: Gate, sampler: Sampler, sink: TokenSink, cfg,
-                 prompt_ids: list, source_names=(), reuse: int = 0):
+                 prompt_ids: list, source_names=(), reuse: int = 0, logprobs: Optional[TokenLogprobs] = None):
         self.model, self.cache, self.costs, self.gate = model, cache, costs, gate
         self.reuse = reuse   # prompt slots whose KV an earlier call left in the cache (passes.prefill)
         self.sampler, self.sink, self.cfg = sampler, sink, cfg
@@ -37,6 +38,7 @@ class Session:
         self.ahead = 0.0   # seconds this call is ahead of plain decoding (begin_round keeps the account)
         self._round, self._gain = None, 0.0   # the open round's start, and what it produced in plain-step seconds
         self.done = False
+        self.logprobs = logprobs   # the emitted tokens' log-probabilities, when the call asked for them
 
     @property
     def measured(self) -> bool:
@@ -96,7 +98,7 @@ class Session:
         if self.filled == self.prompt_len:
             self.tokens.append(self.sampler.pick(logits[0], self.prompt_len))
             self.stats.decoding_steps = 1
-            self.done = self.sink.push(self.tokens[-1])
+            self.done = self._emit([self.tokens[-1]], logits[:1])
 
     def step_rows(self):
         """The row of a plain step: the pending root at the next slot."""
@@ -115,7 +117,7 @@ class Session:
         st.plain_steps += 1
         if self.cfg.trace:
             st.phases.append("plain" if phase == "accelerate" else phase)
-        self.done = self.sink.push(self.tokens[-1])
+        self.done = self._emit([self.tokens[-1]], logits[:1])
         if timed:
             self._gain = seconds
             self.costs.observe_step(seconds)
@@ -123,9 +125,9 @@ class Session:
             self._gain = self.costs.step or seconds
 
     def commit(self, tree, nodes: list, bonus: int, phase: str, t_draft: float, t_verify: float,
-               n_levels: int) -> None:
+               n_levels: int, logits=None) -> None:
         """The accepted path's (``nodes``: indices root..last) KV into the committed prefix, its tokens and the
-        bonus into the sequence."""
+        bonus into the sequence (``logits``: the verify pass's, whose row of node i scored the token after it)."""
         self.cache.commit(nodes)
         self.sampler.release(self.cache.length)
         new = [tree.host_tokens[i] for i in nodes[1:]] + [bonus]   # nodes[0] is the old root, already in the sequence
@@ -147,7 +149,20 @@ class Session:
             st.tree_sizes.append(tree.size)
             st.phases.append(phase)
         st.decoding_steps += 1
-        self.done = self.sink.extend(new)
+        self.done = self._emit(new, None if logits is None else logits[nodes])
+
+    def _emit(self, tokens: list, rows) -> bool:
+        """The new tokens into the sink (True: the call ends), each with its log-probabilities first when asked
+        (``rows[j]``: the target's scores that chose ``tokens[j]``), so a streamed piece finds its tokens'."""
+        lp = self.logprobs
+        if lp is None:
+            return self.sink.extend(tokens)
+        entries = lp.of(rows, tokens)
+        for t, e in zip(tokens, entries):
+            lp.entries.append(e)
+            if self.sink.push(int(t)):
+                return True
+        return False
 
     def finish(self) -> DecodeStats:
         st, tot = self.stats, self.timer.totals

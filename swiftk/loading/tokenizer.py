@@ -6,6 +6,7 @@ those, choosing the split regex llama.cpp uses for that pre-tokenizer name.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -54,6 +55,9 @@ def _byte_to_unicode() -> dict[int, str]:
             table[b] = chr(256 + extra)
             extra += 1
     return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}
 
 
 def _pre_tokenizer_for(pre: Optional[str]):
@@ -278,14 +282,10 @@ class Tokenizer:
         sequence: a draft model must propose the target's ids, whatever each file calls end-of-sequence."""
         return hashlib.sha256(self._tok.to_str().encode("utf-8")).hexdigest()[:16]
 
-    @property
+    @functools.cached_property
     def max_token_bytes(self) -> int:
-        """An upper bound on the bytes of text one token covers (the longest vocabulary entry, UTF-8): a text of B
-        bytes is at least B / this many tokens, known before tokenizing it."""
-        if getattr(self, "_max_token_bytes", None) is None:
-            vocab = self._tok.get_vocab(with_added_tokens=True)
-            self._max_token_bytes = max([len(t.encode("utf-8", "surrogatepass")) for t in vocab] or [1])
-        return self._max_token_bytes
+        """The most bytes of text a token covers (bounded by the longest vocabulary entry in UTF-8)."""
+        return max([len(t.encode("utf-8", "surrogatepass")) for t in self._tok.get_vocab()] or [1])
 
     # ---- use ----------------------------------------------------------------------------
     def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
@@ -321,6 +321,13 @@ class Tokenizer:
     def id_to_token(self, i: int) -> Optional[str]:
         return self._tok.id_to_token(int(i))
 
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for (a byte-level piece may be part of a character decode() shows as �)."""
+        piece = self._tok.id_to_token(int(i)) or ""
+        if i not in self.special_ids and piece and all(ch in _UNICODE_TO_BYTE for ch in piece):
+            return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
+        return self._tok.decode([int(i)], skip_special_tokens=False).encode("utf-8", "surrogatepass")
+
     @property
     def bos_token(self) -> str:
         return self._tok.id_to_token(self.bos_id) if self.bos_id is not None else ""
@@ -352,13 +359,8 @@ class Tokenizer:
         from jinja2 import TemplateError   # lazy: as above (loaded by then)
 
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                **kwargs,
-            )
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
         except TemplateError as e:  # e.g. the template reads a key these messages lack
             raise SwiftkError(f"chat template error: {type(e).__name__}: {e}") from e
 

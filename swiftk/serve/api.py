@@ -14,6 +14,8 @@ from typing import List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit; swiftk.decoding.output.MAX_LOGPROBS)
+MAX_CHOICES = 64   # choices in one request (prompts x n): each is a request of the batch
 
 
 class APIError(Exception):
@@ -52,8 +54,8 @@ class _Common(_Strict):
     stop: Union[StrictStr, List[StrictStr], None] = None
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
+    n: Optional[StrictInt] = None             # choices per prompt, each decoded as a request of the batch
     # accepted only at their no-op values (see UNSUPPORTED)
-    n: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict] = None
@@ -69,7 +71,7 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     prompt: Union[StrictStr, List[StrictStr], List[StrictInt], List[List[StrictInt]]]
     echo: Optional[bool] = None
-    logprobs: Optional[int] = None
+    logprobs: Optional[StrictInt] = None       # alternatives per token (0: the chosen token's alone)
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
@@ -94,8 +96,8 @@ class Message(_Strict):
 class ChatRequest(_Common):
     messages: List[Message]
     max_completion_tokens: Optional[StrictInt] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    logprobs: Optional[StrictBool] = None
+    top_logprobs: Optional[StrictInt] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[str, dict]] = None
     parallel_tool_calls: Optional[StrictBool] = None   # no-op without tools
@@ -103,9 +105,9 @@ class ChatRequest(_Common):
 
 
 # field -> the values that mean "not asked for"; anything else is refused by name
-UNSUPPORTED = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-               "logit_bias": (None, {}), "echo": (None, False), "logprobs": (None, False),
-               "best_of": (None, 1), "suffix": (None, ""), "top_logprobs": (None, 0), "tools": (None, []),
+UNSUPPORTED = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "logit_bias": (None, {}), "echo": (None, False),
+               "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 
 
@@ -123,10 +125,18 @@ def parse(model: type, raw) -> _Common:
         raise APIError(400, f"{loc}: {what}", param=loc) from None
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")
+    if req.n is not None and not 1 <= req.n <= MAX_CHOICES:
+        raise APIError(400, f"n must be in 1..{MAX_CHOICES}, got {req.n}", param="n")
     for name, ok in UNSUPPORTED.items():
         value = getattr(req, name, None)
         if value not in ok:
             raise APIError(400, f"{name}={value!r} is not supported by swiftk", param=name, code="unsupported")
+    top = logprobs_asked(req)
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
+        raise APIError(400, f"{name} must be in 0..{MAX_LOGPROBS}, got {top}", param=name)
+    if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     for i, m in enumerate(getattr(req, "messages", None) or []):
         for name in ("tool_calls", "function_call", "audio"):   # an echoed message's empty fields pass; content not
             if getattr(m, name) not in (None, [], {}):
@@ -135,15 +145,43 @@ def parse(model: type, raw) -> _Common:
     return req
 
 
+def logprobs_asked(req) -> Optional[int]:
+    """Alternatives per token the request asks for, or None when it asks for no logprobs."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def logprobs(chat: bool, tok, entries: Optional[list], offset: int = 0) -> Optional[dict]:
+    """Engine logprob entries (decoding.output.TokenLogprobs) in OpenAI's shape: chat's ``content`` list, or the
+    completions' parallel lists (``offset``: characters of the text before these tokens)."""
+    if entries is None:
+        return None
+    text = lambda i: tok.token_bytes(i).decode("utf-8", "replace")   # noqa: E731
+    if chat:
+        return {"content": [{"token": text(e["token_id"]), "logprob": e["logprob"],
+                             "bytes": list(tok.token_bytes(e["token_id"])),
+                             "top_logprobs": [{"token": text(i), "logprob": lp, "bytes": list(tok.token_bytes(i))}
+                                              for i, lp in e["top"]]} for e in entries], "refusal": None}
+    tokens, offsets = [text(e["token_id"]) for e in entries], []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{text(i): lp for i, lp in e["top"]} for e in entries], "text_offset": offsets}
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(result) -> dict:
-    """OpenAI's usage of one response; ``cached_tokens``: prompt tokens whose KV an earlier call left (reused)."""
-    p, c = len(result.prompt_ids), len(result.token_ids)
+def usage(results: list, n: int = 1) -> dict:
+    """OpenAI's usage of one response's choices (``n`` per prompt): each prompt counted once, every choice's
+    completion; ``cached_tokens``: prompt tokens whose KV an earlier call left (not prefilled again)."""
+    firsts = results[::n]
+    p, c = sum(len(r.prompt_ids) for r in firsts), sum(len(r.token_ids) for r in results)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": int(result.stats.prompt_reused)}}
+            "prompt_tokens_details": {"cached_tokens": sum(int(r.stats.prompt_reused) for r in firsts)}}
 
 
 def stats(result, queue_s: float) -> dict:
@@ -157,25 +195,34 @@ def stats(result, queue_s: float) -> dict:
             "queue_time_s": round(queue_s, 4)}
 
 
-def response(chat: bool, rid: str, model: str, result, queue_s: float) -> dict:
-    """A whole (non-streamed) response."""
-    choice = {"index": 0, "finish_reason": FINISH[result.finish_reason], "logprobs": None}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": result.text}
-    else:
-        choice["text"] = result.text
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(result),
-            "swiftk": stats(result, queue_s)}
+def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: int = 1, tok=None) -> dict:
+    """A whole (non-streamed) response: one choice per result, in order (prompt i's choice j is index i * n + j);
+    ``swiftk`` holds the first choice's statistics, ``swiftk_choices`` every choice's when there are several."""
+    choices = []
+    for i, result in enumerate(results):
+        choice = {"index": i, "finish_reason": FINISH[result.finish_reason],
+                  "logprobs": logprobs(chat, tok, result.logprobs)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+        else:
+            choice["text"] = result.text
+        choices.append(choice)
+    out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+           "model": model, "choices": choices, "usage": usage(results, n), "swiftk": stats(results[0], queue_s[0])}
+    if len(results) > 1:
+        out["swiftk_choices"] = [stats(r, q) for r, q in zip(results, queue_s)]
+    return out
 
 
 def chunk(chat: bool, rid: str, model: str, text: Optional[str] = None, finish: Optional[str] = None,
-          role: bool = False, extra: Optional[dict] = None, choices: bool = True) -> dict:
-    """One server-sent event of a stream, in OpenAI's chunk format."""
+          role: bool = False, extra: Optional[dict] = None, choices: bool = True, index: int = 0,
+          lp: Optional[dict] = None) -> dict:
+    """One server-sent event of a stream, in OpenAI's chunk format (``index``: the choice it belongs to; ``lp``:
+    the logprobs of the tokens it brings, in OpenAI's shape)."""
     if chat:
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": lp}
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice] if choices else [], **(extra or {})}

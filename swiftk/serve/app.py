@@ -134,7 +134,8 @@ class Server:
         try:
             key = self._authorize(request)
             req = api.parse(api.ChatRequest if chat else api.CompletionRequest, await _read_json(request))
-            job = self._job(req, chat, key)
+            n = req.n or 1
+            jobs = [self._job(req, chat, key, ids, j) for ids in self._prompts(req, chat) for j in range(n)]
             rid = api.new_id("chatcmpl" if chat else "cmpl")
             if req.stream:
                 loop, q = asyncio.get_running_loop(), asyncio.Queue()
@@ -145,41 +146,65 @@ class Server:
                     except RuntimeError:   # the loop is closed: the server is gone
                         pass
 
-                fut = self.decoder.submit(self._request(job, put), job)
-                fut.add_done_callback(lambda f: put(_DONE))
+                reqs = [self._request(job) for job in jobs]
+                for i, r in enumerate(reqs):
+                    r.callback = _streamer(put, i, r.logprobs)
+                futs = self.decoder.submit_many(list(zip(reqs, jobs)))
+                for i, fut in enumerate(futs):
+                    fut.add_done_callback(lambda f, i=i: put((i, _DONE, None)))
                 usage = bool(req.stream_options and req.stream_options.include_usage)
-                return StreamingResponse(self._events(job, rid, chat, fut, q, usage), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
-            fut = asyncio.wrap_future(self.decoder.submit(self._request(job), job))
-            while not fut.done():
-                await asyncio.wait({fut}, timeout=0.2)
-                if not fut.done() and await request.is_disconnected():
-                    job.cancel.set()   # the client is gone: free the engine at the next token
-            return JSONResponse(api.response(chat, rid, self.model_name, _finished(fut.result()), job.queue_s))
+                return StreamingResponse(self._events(jobs, rid, chat, futs, q, usage, n),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            futs = [asyncio.wrap_future(f) for f in self.decoder.submit_many(
+                [(self._request(job), job) for job in jobs])]
+            while not all(f.done() for f in futs):
+                await asyncio.wait(futs, timeout=0.2, return_when=asyncio.ALL_COMPLETED)
+                if not all(f.done() for f in futs) and await request.is_disconnected():
+                    for job in jobs:   # the client is gone: free the engine at the next token
+                        job.cancel.set()
+            results = [_finished(f.result()) for f in futs]
+            return JSONResponse(api.response(chat, rid, self.model_name, results, [j.queue_s for j in jobs], n,
+                                             self.engine.tokenizer))
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
             return _error_response(_as_api_error(e))
 
-    async def _events(self, job: Job, rid: str, chat: bool, fut, q: asyncio.Queue, include_usage: bool):
-        name = self.model_name
+    async def _events(self, jobs: list, rid: str, chat: bool, futs: list, q: asyncio.Queue, include_usage: bool,
+                      n: int):
+        """The choices' chunks as their pieces come (each chunk names its choice), a finish chunk per choice as it
+        ends, then usage (when asked) and [DONE]."""
+        name, results, left, tok = self.model_name, [None] * len(jobs), len(jobs), self.engine.tokenizer
+        sent = [[0, 0] for _ in jobs]   # per choice: logprob entries sent, characters sent (completions' offsets)
         try:
             if chat:
-                yield _sse(api.chunk(True, rid, name, role=True))
-            while (item := await q.get()) is not _DONE:
-                yield _sse(api.chunk(chat, rid, name, text=item))
-            try:
-                result = _finished(fut.result())
-            except Exception as e:  # noqa: BLE001 - the status line is sent: report it as an event
-                yield _sse(_as_api_error(e).body())
-                yield "data: [DONE]\n\n"
-                return
+                for i in range(len(jobs)):
+                    yield _sse(api.chunk(True, rid, name, role=True, index=i))
+            while left:
+                i, item, entries = await q.get()
+                if item is not _DONE:
+                    lp = api.logprobs(chat, tok, entries, sent[i][1])
+                    sent[i][0] += len(entries or ())
+                    sent[i][1] += len(item)
+                    yield _sse(api.chunk(chat, rid, name, text=item, index=i, lp=lp))
+                    continue
+                left -= 1
+                try:
+                    results[i] = _finished(futs[i].result())
+                except Exception as e:  # noqa: BLE001 - the status line is sent: report it as an event
+                    yield _sse(_as_api_error(e).body())
+                    yield "data: [DONE]\n\n"
+                    return
+                rest = None if results[i].logprobs is None else results[i].logprobs[sent[i][0]:]
+                yield _sse(api.chunk(chat, rid, name, text=None if chat else "", index=i,
+                                     finish=api.FINISH[results[i].finish_reason],
+                                     lp=api.logprobs(chat, tok, rest, sent[i][1]) if rest else None,
+                                     extra={"swiftk": api.stats(results[i], jobs[i].queue_s)}))
             # usage once, in OpenAI's last chunk (choices: []), and only when asked
-            yield _sse(api.chunk(chat, rid, name, text=None if chat else "", finish=api.FINISH[result.finish_reason],
-                                 extra={"swiftk": api.stats(result, job.queue_s)}))
             if include_usage:
-                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": api.usage(result)}))
+                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": api.usage(results, n)}))
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
+            for job in jobs:
+                job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
 
     def _authorize(self, request) -> Optional[str]:
         if not self.api_keys:
@@ -190,12 +215,9 @@ class Server:
                 return k
         raise APIError(401, "a valid API key is required (header Authorization: Bearer KEY)", code="invalid_api_key")
 
-    def _job(self, req, chat: bool, key: Optional[str]) -> Job:
-        """Everything checked before the request queues, so a bad one never waits for the engine."""
-        if req.model != self.model_name:   # 404 as OpenAI answers it: clients raise NotFoundError
-            raise APIError(404, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
-        ids = self._prompt_ids(req, chat)
+    def _job(self, req, chat: bool, key: Optional[str], ids: list, choice: int) -> Job:
+        """Everything checked before the request queues, so a bad one never waits for the engine. ``choice``: which
+        of the prompt's ``n`` choices (a seed gives choice j the seed + j: n equal draws would be one)."""
         room = self.engine.max_context - len(ids)
         limit = getattr(req, "max_completion_tokens", None)
         param = "max_completion_tokens" if limit is not None else "max_tokens"
@@ -216,7 +238,7 @@ class Server:
         if not 0.0 <= t <= 2.0:
             raise APIError(400, f"temperature must be in [0, 2], got {t}", param="temperature")
         sampling = dict(temperature=t, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-                        seed=req.seed)
+                        seed=None if req.seed is None else req.seed + choice)
         try:
             SamplingParams(**sampling).validate()
         except SwiftkError as e:
@@ -224,9 +246,14 @@ class Server:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
-        return Job(ids, limit, sampling, stop, self.states.get(key))
+        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req))
 
-    def _prompt_ids(self, req, chat: bool) -> list:
+    def _prompts(self, req, chat: bool) -> list:
+        """The request's prompts as token ids: a chat's one, or a completion's (a string, token ids, or a list of
+        either: several prompts, decoded together)."""
+        if req.model != self.model_name:   # 404 as OpenAI answers it: clients raise NotFoundError
+            raise APIError(404, f"model {req.model!r} is not served here; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
         eng = self.engine
         try:
             if chat:
@@ -235,14 +262,13 @@ class Server:
                         for m in req.messages]
                 if not msgs:
                     raise APIError(400, "messages is empty", param="messages")
-                return eng.encode_prompt(msgs, chat=True)
+                return [eng.encode_prompt(msgs, chat=True)]
             p = req.prompt
-            if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-                if len(p) != 1:
-                    raise APIError(400, f"{len(p)} prompts in one request: swiftk serves one prompt per request",
-                                   param="prompt")
-                p = p[0]
-            return eng.encode_prompt(p)
+            many = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+            if len(many) * (req.n or 1) > api.MAX_CHOICES:
+                raise APIError(400, f"{len(many)} prompts x n={req.n or 1} choices: at most {api.MAX_CHOICES} in one "
+                               "request", param="prompt")
+            return [eng.encode_prompt(x) for x in many]
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - a template may raise anything on odd message orders
@@ -252,8 +278,8 @@ class Server:
     def _request(self, job: Job, callback=None):
         """The job as the engine's checked Request (raises SwiftkError on what the engine refuses)."""
         return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
-                                   callback=callback, state=job.state, _cancel=job.cancel, **job.sampling,
-                                   **self.options)
+                                   callback=callback, state=job.state, _cancel=job.cancel, logprobs=job.logprobs,
+                                   **job.sampling, **self.options)
 
 
 def check_origins(origins: Sequence[str]) -> list:
@@ -264,6 +290,19 @@ def check_origins(origins: Sequence[str]) -> list:
             raise SwiftkError(f"allowed origin {o!r}: use '*' or scheme://host[:port], e.g. http://localhost:3000")
         out.append(o)
     return out
+
+
+def _streamer(put, i: int, lp):
+    """A streamed choice's callback: each text piece with the logprob entries of the tokens decoded since the last
+    (a piece held back for a stop string or a split character comes with the tokens that complete it)."""
+    sent = [0]
+
+    def piece(text: str) -> None:
+        entries = None
+        if lp is not None:
+            entries, sent[0] = lp.entries[sent[0]:], len(lp.entries)
+        put((i, text, entries))
+    return piece
 
 
 def _finished(result):

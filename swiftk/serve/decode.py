@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..scheduler import Scheduler
 from .api import APIError
@@ -26,6 +27,7 @@ class Job:
     sampling: dict
     stop: list
     state: object = None
+    logprobs: Optional[int] = None   # alternatives per token, when the request asks for logprobs
     cancel: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0
@@ -59,18 +61,30 @@ class DecodeThread:
 
     def submit(self, req, job: Job) -> Future:
         """Queue an engine Request (Engine.request); the future gets its GenerationResult or its error."""
-        fut: Future = Future()
+        return self.submit_many([(req, job)])[0]
+
+    def submit_many(self, pairs: list) -> list:
+        """Queue (Request, Job) pairs together, all or none (one request's choices): their futures, in order."""
         with self._lock:
             if self.closing:
                 raise APIError(503, "the server is shutting down")
             waiting, running = self.sched.load()   # free slots take waiting requests first, the queue the rest
-            if waiting >= self.queue_size + max(0, self.max_batch - running):
-                retry = max(1, math.ceil(self._job_s * (waiting + 1) / self.max_batch))
-                raise APIError(429, f"all {self.max_batch} decoding slots are busy and {waiting} requests are waiting "
-                               f"(queue size {self.queue_size}); retry in {retry} s", code="queue_full",
-                               headers={"Retry-After": str(retry)})
-            self._live.add(job.cancel)
+            if waiting + len(pairs) > self.queue_size + max(0, self.max_batch - running):
+                retry = max(1, math.ceil(self._job_s * (waiting + len(pairs)) / self.max_batch))
+                what = f"{len(pairs)} more requests" if len(pairs) > 1 else "another request"
+                raise APIError(429, f"no room for {what}: all {self.max_batch} decoding slots are busy or taken "
+                               f"and {waiting} requests are waiting (queue size {self.queue_size}); retry in "
+                               f"{retry} s", code="queue_full", headers={"Retry-After": str(retry)})
+            for _, job in pairs:
+                self._live.add(job.cancel)
+        futs = []
+        for req, job in pairs:
+            fut: Future = Future()
+            self.sched.submit(req, self._done(job, fut))
+            futs.append(fut)
+        return futs
 
+    def _done(self, job: Job, fut: Future):
         def done(result, error):
             with self._lock:
                 self._live.discard(job.cancel)
@@ -84,9 +98,7 @@ class DecodeThread:
                 fut.set_exception(error)
             else:
                 fut.set_result(result)
-
-        self.sched.submit(req, done)
-        return fut
+        return done
 
     def _run(self) -> None:
         while not self.closing:
