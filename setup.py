@@ -167,6 +167,7 @@ setup(
         "threadpoolctl",
         "tqdm",
         "jinja2",
+        "llguidance",   # grammars for constrained decoding (generate(grammar=...), the server's response_format)
     ],
     extras_require={
         # the tests drive the server with OpenAI's own client

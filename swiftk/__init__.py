@@ -17,11 +17,11 @@ from .loading.registry import DEFAULT_MODEL, MODELS, pull
 # first line on (its entry point imports this package before it can catch anything).
 _LAZY = {"load": "api", "generate": "api", "Engine": "engine", "GenerationResult": "decoding.output",
          "DecodeConfig": "options", "OptimizerConfig": "options", "LearnedState": "decoding.state",
-         "SkipSetState": "decoding.state"}
+         "SkipSetState": "decoding.state", "Grammar": "decoding.grammar"}
 
 __version__ = "0.1.0"
 __all__ = ["load", "generate", "pull", "Engine", "GenerationResult", "DecodeConfig", "OptimizerConfig",
-           "LearnedState", "SkipSetState", "SwiftkError", "MODELS", "DEFAULT_MODEL", "__version__"]
+           "LearnedState", "SkipSetState", "Grammar", "SwiftkError", "MODELS", "DEFAULT_MODEL", "__version__"]
 
 
 def __getattr__(name: str):

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from . import methods
 from .decoding.costs import Gate
+from .decoding.grammar import Grammar, ll_tokenizer
 from .decoding.loop import Decoder
 from .decoding.output import GenerationResult, TokenLogprobs, TokenSink, check_lengths, progress_bar, rate
 from .decoding.prefix import may_reuse
@@ -74,7 +75,8 @@ class Calls:
                 chat: bool = False, callback: Optional[Callable[[str], None]] = None,
                 progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
                 state: Optional[LearnedState] = None, proposers: Sequence = (),
-                _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None, **options) -> Request:
+                _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None,
+                grammar: Optional[Grammar] = None, **options) -> Request:
         """``generate``'s arguments checked, before any work: what a call (alone or in a batch) decodes from."""
         m = methods.get(self.default_method if method is None else method)
         decode_kw, opt_kw = split_options(options)
@@ -103,7 +105,20 @@ class Calls:
         check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
         lp = None if logprobs is None else TokenLogprobs(logprobs)
         return Request(ids, max_new_tokens, m, sp, list(stop), cfg, fixed, state, proposers, reuse_ok, exit_layer,
-                       callback, progress, _cancel, lp)
+                       callback, progress, _cancel, lp, self._grammar_state(grammar, sp, cfg))
+
+    def _grammar_state(self, grammar, sp, cfg):
+        """A call's own state of ``grammar`` (None without one), its tokenizer view built once per engine."""
+        if grammar is None:
+            return None
+        if not isinstance(grammar, Grammar):
+            raise SwiftkError(f"grammar must be a swiftk.Grammar (Grammar.json_schema(...), .json_object(), "
+                              f".regex(...), .lark(...)), got {type(grammar).__name__}")
+        if not sp.greedy and cfg.sampling == "rejection":
+            raise SwiftkError("grammar= needs sampling='coupled' (the default): tree rejection sampling draws from "
+                              "the draft's distributions, which know no grammar")
+        return grammar.matcher(self.resource("ll_tokenizer",
+                                             lambda: ll_tokenizer(self.tokenizer, self.config.vocab_size)))
 
     def open_call(self, req: Request, slot: int, batched: bool = False) -> Call:
         """Start decoding ``req`` on batch slot ``slot`` (its KV cache): the method's drafter and learned state,
@@ -125,13 +140,13 @@ class Calls:
         sl.held.forget()   # recorded again once this call has finished, if its passes were exact
         call = Call(req, sl, state, sink, sampler, reuse, bar, time.perf_counter())
         # the reference alone keeps its own loop; in a batch, or recording logprobs, it takes plain rounds
-        if m.speculative or batched or req.logprobs is not None:
+        if m.speculative or batched or req.logprobs is not None or req.grammar is not None:
             # free drafts are deterministic: tree rejection sampling has no rule for them
             rejection = not sp.greedy and cfg.sampling == "rejection"
             sources = [] if rejection or not m.speculative else free_sources(self, state, cfg, req.proposers)
             gate_memory = state.gate if m.speculative else LearnedState(self.config.n_layers, self.state.cfg).gate
             s = Session(self.model, sl.cache, self.costs, Gate(self.costs, gate_memory, cfg), sampler, sink, cfg,
-                        req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs)
+                        req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs, req.grammar)
             drafter = m.drafter(self, state, cfg, req.fixed, slot) if m.speculative else None
             call.decoder = Decoder(s, drafter, sources)
         return call

@@ -194,7 +194,7 @@ class Engine(EngineCorpus, Calls):
                  progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
                  state: Optional[LearnedState] = None, proposers: Sequence = (),
                  _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None,
-                 **options) -> GenerationResult:
+                 grammar=None, **options) -> GenerationResult:
         """Generate a continuation; greedy when temperature == 0.
 
         ``method``: one of ``swiftk.methods.names()``: "swift" (the default; "draft_model" on an engine loaded with a
@@ -207,10 +207,12 @@ class Engine(EngineCorpus, Calls):
         (options.DecodeConfig) for this call. Seeded sampling gives the same tokens for the same (model, dtype, device,
         prompt, sampling options, seed) whatever the method or learned state (coupled sampling). ``logprobs=K``
         (0..20): ``result.logprobs`` holds each token's log-probability under the target and its K likeliest
-        alternatives (decoding.output.TokenLogprobs: the same with or without speculation).
+        alternatives (decoding.output.TokenLogprobs: the same with or without speculation). ``grammar``: a
+        swiftk.Grammar the output must match (JSON Schema, JSON object, regex, Lark; decoding/grammar.py).
         """
         req = self.request(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop, chat, callback,
-                           progress, exit_layer, skip_set, state, proposers, _cancel, logprobs=logprobs, **options)
+                           progress, exit_layer, skip_set, state, proposers, _cancel, logprobs=logprobs,
+                           grammar=grammar, **options)
         with self._own():
             call = self.open_call(req, 0)
             try:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .decoding.grammar import GrammarState
 from .decoding.output import TokenLogprobs, TokenSink
 from .decoding.prefix import HeldPrefix
 from .decoding.sampler import Sampler, SamplingParams
@@ -37,6 +38,7 @@ class Request:
     progress: bool = False
     cancel: Optional[threading.Event] = None
     logprobs: Optional[TokenLogprobs] = None   # logprobs=K asked: the emitted tokens' log-probabilities, filled in
+    grammar: Optional[GrammarState] = None     # grammar= asked: the call's constraint, advanced as it decodes
 
 
 @dataclass

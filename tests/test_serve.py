@@ -290,6 +290,50 @@ def test_logprobs_are_the_targets_with_or_without_streaming(live, ref, smollm2_p
         assert e.value.body["param"] == param
 
 
+def test_structured_outputs_are_plain_constrained_decoding_alone_and_under_load(live, smollm2_path):
+    """response_format json_schema (strict) and json_object: the answer parses, matches the schema, and is the
+    in-process greedy constrained decoding of the same request, alone, streamed, and with 4 clients at once."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "skills": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+              "required": ["name", "age", "skills"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Describe a programmer named Ada as JSON."}]
+    eng = swiftk.load(str(smollm2_path), persist=False)
+    want = eng.generate(ask, chat=True, max_new_tokens=80, method="autoregressive",
+                        grammar=swiftk.Grammar.json_schema(schema)).text
+    obj = json.loads(want)
+    assert set(obj) == {"name", "age", "skills"} and isinstance(obj["age"], int)
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    c = live.client()
+    r = c.chat.completions.create(model=NAME, messages=ask, max_tokens=80, temperature=0, response_format=rf)
+    assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+    chunks = list(c.chat.completions.create(model=NAME, messages=ask, max_tokens=80, temperature=0,
+                                            response_format=rf, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want
+    out, errors = {}, []
+
+    def client(i):
+        try:
+            kw = dict(response_format=rf) if i % 2 == 0 else dict(response_format={"type": "json_object"})
+            out[i] = live.client().chat.completions.create(model=NAME, messages=ask, max_tokens=80, temperature=0,
+                                                           **kw).choices[0].message.content
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join(300) for t in threads]
+    assert not errors, errors
+    assert out[0] == out[2] == want
+    obj_mode = eng.generate(ask, chat=True, max_new_tokens=80, method="autoregressive",
+                            grammar=swiftk.Grammar.json_object()).text
+    assert out[1] == out[3] == obj_mode and isinstance(json.loads(obj_mode), dict)
+    for bad in ({"type": "xml"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"name": "x"}},
+                {"type": "json_schema", "json_schema": {"schema": "not a schema"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=NAME, messages=ask, max_tokens=4, response_format=bad)
+        assert e.value.body["param"] == "response_format", bad
+
+
 def test_an_unknown_model_is_404_model_not_found(live):
     with pytest.raises(openai.NotFoundError) as e:
         live.client().completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)

@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CLASSES = ["clear error", "correct", "crash", "hang", "silently wrong", "raw traceback", "leftover"]
 OK = {"clear error", "correct"}
+# the checkout's own venv, else the swiftk on PATH (a clone swept with PYTHONPATH pointing at it)
+SWIFTK_BIN = str(REPO / ".venv/bin/swiftk") if (REPO / ".venv/bin/swiftk").exists() else (shutil.which("swiftk") or "swiftk")
 PROMPT = "def fib(n):"
 NTOK = 16
 TIMEOUT = 120
@@ -361,7 +363,7 @@ def run_cli(c: Case, homes: Homes, workdir: Path):
     before = snapshot(home)
     results = []
     for i in range(runs):
-        argv = [str(REPO / ".venv" / "bin" / "swiftk") if Path(REPO / ".venv/bin/swiftk").exists() else "swiftk",
+        argv = [SWIFTK_BIN,
                 *[a.replace("{HOME}", str(home)) for a in c.argv]]
         t0 = time.monotonic()
         p = subprocess.Popen(argv, env=env_for(home, **c.env), cwd=str(home), stdout=subprocess.PIPE,
@@ -1273,7 +1275,7 @@ def server_cases(model: Path, homes: Homes) -> list:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = env_for(home, SWIFTK_PERSIST="0")
-    argv = [str(REPO / ".venv/bin/swiftk"), "serve", "--model", str(model), "--served-model-name", "m", "--port",
+    argv = [SWIFTK_BIN, "serve", "--model", str(model), "--served-model-name", "m", "--port",
             str(port), "--log-level", "warning", "--api-key", "K1", "--queue-size", "2"]
     errf = open(home / "serve.err", "w+")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errf, start_new_session=True)

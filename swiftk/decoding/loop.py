@@ -44,6 +44,8 @@ class Decoder:
     def __init__(self, s: Session, drafter, sources: list):
         self.s, self.drafter, self.sources = s, drafter, sources
         self.owners = {src.name: src for src in sources}
+        if s.grammar is not None:   # its forced tokens are a chain of the tree too
+            self.owners[s.grammar.name] = s.grammar
         self.learners = [src for src in sources if src.learns]   # Token Recycling: the target's scores after each token
         if drafter is not None:
             self.owners[drafter.name] = drafter
@@ -75,6 +77,9 @@ class Decoder:
             ctx = Context(s.tokens, min(s.cfg.max_draft, s.max_nodes - 1), gate.value_floor)
             chains = [c for src in self.sources if src.name in self.budget.on
                       for c in as_chains(self.budget.timed(src.name, src.propose, ctx))]
+            if s.grammar is not None:   # what the grammar refuses is never verified; what it forces always is
+                forced = s.grammar.propose(ctx.k)
+                chains = ([forced] if forced is not None else []) + s.grammar.clip(chains)
             if active is not None:   # after the free chains: a drafter may leave a round to them (draft_model)
                 dc.chains = chains
                 levels = active.propose(dc)
@@ -162,6 +167,22 @@ def speculative_decode(s: Session, drafter, sources: list):
     return d.close()
 
 
+def accept_constrained(s: Session, tree, logits) -> tuple:
+    """accept() under a grammar: from the root, the row of the node reached chooses among what the grammar allows
+    there (Session.choose, which advances the grammar); the walk moves to the child holding that token, else the
+    token is the bonus. Only the rows of emitted tokens are masked."""
+    children: dict = {}
+    for i in range(1, tree.size):
+        children.setdefault(tree.host_parents[i], []).append(i)
+    n, path = s.cache.length, [0]
+    while True:
+        t = s.choose(logits[path[-1]:path[-1] + 1], n + len(path))
+        nxt = next((c for c in children.get(path[-1], ()) if tree.host_tokens[c] == t), None)
+        if nxt is None:
+            return path, t
+        path.append(nxt)
+
+
 def learn(budget, learners: list, tokens: list, logits, rows: list) -> None:
     """The target's scores to the sources that learn from them (Token Recycling), those consulted this round:
     ``tokens[i]`` was read, row ``rows[i]`` of ``logits`` scored what follows it."""
@@ -202,6 +223,8 @@ def verify(model, cache, tree, levels: list, boundary) -> torch.Tensor:
 def accept(s: Session, tree, logits) -> tuple:
     """(accepted nodes root..last as a list, bonus token): greedy or coupled sampling on the target's scores, or
     tree rejection sampling (sampling="rejection") against the draft's distributions."""
+    if s.grammar is not None:
+        return accept_constrained(s, tree, logits)
     if s.rejection:
         path, bonus = accept_tree(tree, s.sampler.sp.probs(logits), "rejection", s.sampler.generator)
         return path.tolist(), bonus

@@ -13,6 +13,7 @@ from typing import Optional
 from ..errors import SwiftkError
 from .costs import CostModel, Gate
 from ..proposers.base import DraftContext
+from .grammar import GrammarState
 from .output import DecodeStats, Timer, TokenLogprobs, TokenSink
 from .passes import prefill_rows, step_rows
 from .sampler import Sampler
@@ -21,7 +22,8 @@ from .tree import DRAFT, ROOT
 
 class Session:
     def __init__(self, model, cache, costs: CostModel, gate: Gate, sampler: Sampler, sink: TokenSink, cfg,
-                 prompt_ids: list, source_names=(), reuse: int = 0, logprobs: Optional[TokenLogprobs] = None):
+                 prompt_ids: list, source_names=(), reuse: int = 0, logprobs: Optional[TokenLogprobs] = None,
+                 grammar: Optional[GrammarState] = None):
         self.model, self.cache, self.costs, self.gate = model, cache, costs, gate
         self.reuse = reuse   # prompt slots whose KV an earlier call left in the cache (passes.prefill)
         self.sampler, self.sink, self.cfg = sampler, sink, cfg
@@ -39,6 +41,7 @@ class Session:
         self._round, self._gain = None, 0.0   # the open round's start, and what it produced in plain-step seconds
         self.done = False
         self.logprobs = logprobs   # the emitted tokens' log-probabilities, when the call asked for them
+        self.grammar = grammar     # the call's constraint (decoding/grammar.py): it masks every choice
 
     @property
     def measured(self) -> bool:
@@ -96,7 +99,7 @@ class Session:
         self.cache.advance(n)
         self.filled += n
         if self.filled == self.prompt_len:
-            self.tokens.append(self.sampler.pick(logits[0], self.prompt_len))
+            self.tokens.append(self.choose(logits[:1], self.prompt_len))
             self.stats.decoding_steps = 1
             self.done = self._emit([self.tokens[-1]], logits[:1])
 
@@ -111,7 +114,7 @@ class Session:
         n = self.cache.length
         self.cache.advance(1)
         self.sampler.release(n + 1)
-        self.tokens.append(self.sampler.pick(logits[0], n + 1))
+        self.tokens.append(self.choose(logits[:1], n + 1))
         st = self.stats
         st.decoding_steps += 1
         st.plain_steps += 1
@@ -150,6 +153,15 @@ class Session:
             st.phases.append(phase)
         st.decoding_steps += 1
         self.done = self._emit(new, None if logits is None else logits[nodes])
+
+    def choose(self, row, position: int) -> int:
+        """The token the target's scores ``row`` [1, V] choose for ``position``: the sampler's pick, among what the
+        grammar allows when the call has one (which then advances by it)."""
+        if self.grammar is None:
+            return self.sampler.pick(row[0], position)
+        t = self.sampler.pick(self.grammar.mask(row)[0], position)
+        self.grammar.consume([t])
+        return t
 
     def _emit(self, tokens: list, rows) -> bool:
         """The new tokens into the sink (True: the call ends), each with its log-probabilities first when asked

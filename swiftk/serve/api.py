@@ -13,6 +13,9 @@ from typing import List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 
+from ..decoding.grammar import Grammar
+from ..errors import SwiftkError
+
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit; swiftk.decoding.output.MAX_LOGPROBS)
 MAX_CHOICES = 64   # choices in one request (prompts x n): each is a request of the batch
@@ -108,7 +111,7 @@ class ChatRequest(_Common):
 UNSUPPORTED = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                "logit_bias": (None, {}), "echo": (None, False),
                "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+               "tool_choice": (None, "none")}
 
 
 def parse(model: type, raw) -> _Common:
@@ -143,6 +146,29 @@ def parse(model: type, raw) -> _Common:
                 raise APIError(400, f"messages.{i}.{name}: tool calls and audio are not supported by swiftk",
                                param=f"messages.{i}.{name}", code="unsupported")
     return req
+
+
+def grammar_of(req):
+    """The swiftk.Grammar a chat request's ``response_format`` asks for (None: free text), or APIError(400)."""
+    rf = getattr(req, "response_format", None)
+    if rf is None or rf == {"type": "text"}:
+        return None
+    kind = rf.get("type")
+    try:
+        if kind == "json_object" and set(rf) == {"type"}:
+            return Grammar.json_object()
+        if kind == "json_schema" and set(rf) == {"type", "json_schema"} and isinstance(rf["json_schema"], dict):
+            js = rf["json_schema"]
+            extra = set(js) - {"name", "schema", "strict", "description"}
+            if extra or "schema" not in js:
+                raise SwiftkError("json_schema must hold 'schema' (and may hold name, description, strict)"
+                                  + (f"; unknown: {sorted(extra)}" if extra else ""))
+            return Grammar.json_schema(js["schema"])
+    except SwiftkError as e:
+        raise APIError(400, f"response_format: {e}", param="response_format") from None
+    raise APIError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                   "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                   param="response_format")
 
 
 def logprobs_asked(req) -> Optional[int]:

@@ -246,7 +246,7 @@ class Server:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
-        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req))
+        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req), api.grammar_of(req))
 
     def _prompts(self, req, chat: bool) -> list:
         """The request's prompts as token ids: a chat's one, or a completion's (a string, token ids, or a list of
@@ -279,7 +279,7 @@ class Server:
         """The job as the engine's checked Request (raises SwiftkError on what the engine refuses)."""
         return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
                                    callback=callback, state=job.state, _cancel=job.cancel, logprobs=job.logprobs,
-                                   **job.sampling, **self.options)
+                                   grammar=job.grammar, **job.sampling, **self.options)
 
 
 def check_origins(origins: Sequence[str]) -> list:

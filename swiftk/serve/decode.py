@@ -28,6 +28,7 @@ class Job:
     stop: list
     state: object = None
     logprobs: Optional[int] = None   # alternatives per token, when the request asks for logprobs
+    grammar: object = None           # a swiftk.Grammar the output must match (response_format)
     cancel: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0
