@@ -20,6 +20,10 @@ from .loading.registry import DEFAULT_MODEL, MODELS, model_info, pull
 from .options import load_time, split_options
 
 
+# more than any context holds: 128k tokens of the longest vocabulary entries (~160 bytes) is ~20 M characters
+MAX_STDIN_CHARS = 32 << 20
+
+
 def _common(p):
     p.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
     p.add_argument("--device", default="cpu")
@@ -187,6 +191,11 @@ def _parse_kv(items) -> dict:
 def _generate(a) -> int:
     if a.save_skip_set:
         check_output_path(a.save_skip_set, "--save-skip-set")
+    # stdin before the slow load, bounded (the rest is left unread); the engine then refuses, before tokenizing, a
+    # prompt too long for its context
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read(MAX_STDIN_CHARS + 1)
+    if len(prompt) > MAX_STDIN_CHARS:
+        raise SwiftkError(f"stdin holds over {MAX_STDIN_CHARS} characters: no prompt that long fits a context")
 
     # --swift KEY=VALUE: decode options apply to this call, optimizer options to the engine's learned state
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
@@ -213,12 +222,6 @@ def _generate(a) -> int:
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
                       drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
                       **load_time(a.draft_model, decode_kw))
-    # stdin is read after loading, bounded by what the context can hold: a huge input is refused, not tokenized
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read(eng.prompt_char_limit + 1)
-    if len(prompt) > eng.prompt_char_limit:   # the rest is left unread
-        raise SwiftkError(f"stdin holds over {eng.prompt_char_limit} characters: more than the context "
-                          f"({eng.max_context} tokens) can hold, since no token of this vocabulary covers more than "
-                          f"{eng.tokenizer.max_token_bytes} bytes")
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set

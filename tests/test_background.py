@@ -112,14 +112,18 @@ def test_an_error_exit_ends_with_its_error_line_after_stopping_the_jobs():
     error is the last line the user sees, and the status is 2; jobs started after it run (in-process callers of
     cli.main, the tests among them, go on)."""
     p = _run("""
-        import sys, time
+        import sys, threading, time
         from swiftk.background import Background, check
+        from swiftk.cli import main
+        import swiftk.api   # imported before the job starts: the failing call must come within its first piece
+        started = threading.Event()
         def job():
             while True:
                 check()
+                started.set()
                 time.sleep(3.0)   # a piece of work between two checks: longer than the 0.25 s unannounced wait
         Background(job, name="swiftk-corpus")
-        from swiftk.cli import main
+        started.wait()
         rc = main(["generate", "x", "-m", "/nonexistent/model.gguf"])
         b = Background(lambda: 7, name="after")   # a caller that goes on can still start jobs
         b.join()

@@ -457,8 +457,8 @@ def test_save_skip_set_path_checked_before_loading(tmp_path, monkeypatch, capsys
 
 def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(smollm2_path, monkeypatch, capsys):
     """A 50 MB prompt cost ~250 MB of tokenizer memory per MB before the context check: one longer than the context
-    times the vocabulary's longest token is refused at once, from the API and from the CLI's stdin (which reads no
-    more than that)."""
+    times the vocabulary's longest token is refused at once, from the API and from the CLI's stdin (read before the
+    load, at most MAX_STDIN_CHARS of it)."""
     import io
     import swiftk
     eng = swiftk.load(str(smollm2_path), persist=False, datastore=False)
@@ -471,6 +471,7 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(smo
             eng.generate("\0" * (limit + 1), max_new_tokens=4, chat=chat)
     assert not encoded
     monkeypatch.undo()
+    import swiftk.cli as cli
     read = []
 
     class Stdin(io.StringIO):
@@ -478,8 +479,14 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(smo
             read.append(n)
             return super().read(n)
 
-    monkeypatch.setattr(sys, "stdin", Stdin("\0" * (3 * limit)))
+    # from stdin: read before loading, at most MAX_STDIN_CHARS; then the engine's bound, before tokenizing
     monkeypatch.setattr(swiftk, "load", lambda *a, **k: eng)
+    monkeypatch.setattr(type(eng.tokenizer), "encode", lambda self, *a, **k: encoded.append(1) or [1])
+    monkeypatch.setattr(sys, "stdin", Stdin("\0" * (3 * limit)))
     assert cli_main(["generate", "--model", str(smollm2_path), "-n", "4"]) == 2
-    assert f"stdin holds over {limit} characters" in capsys.readouterr().err
-    assert read == [limit + 1]
+    assert "over the context" in capsys.readouterr().err and not encoded
+    assert read == [cli.MAX_STDIN_CHARS + 1]
+    monkeypatch.setattr(cli, "MAX_STDIN_CHARS", 1000)
+    monkeypatch.setattr(sys, "stdin", Stdin("\0" * 5000))
+    assert cli_main(["generate", "--model", str(smollm2_path), "-n", "4"]) == 2
+    assert "stdin holds over 1000 characters" in capsys.readouterr().err

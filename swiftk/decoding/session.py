@@ -152,7 +152,9 @@ class Session:
             st.tree_sizes.append(tree.size)
             st.phases.append(phase)
         st.decoding_steps += 1
-        self.done = self._emit(new, None if logits is None else logits[nodes])
+        # the rows only when logprobs are kept: indexing vocabulary-long rows is a torch op that may open an OpenMP
+        # team, one per calling thread (tests/test_threads.py)
+        self.done = self._emit(new, None if logits is None or self.logprobs is None else logits[nodes])
 
     def choose(self, row, position: int) -> int:
         """The token the target's scores ``row`` [1, V] choose for ``position``: the sampler's pick, among what the
