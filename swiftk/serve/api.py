@@ -1,12 +1,13 @@
 """The OpenAI request bodies swiftk accepts, and the responses and errors it answers, as plain data.
 
 Every field of OpenAI's completions and chat-completions requests is applied, accepted as a no-op where it asks
-nothing of the output (``store``, ``metadata``, ``user``...: NO_OPS), or refused with HTTP 400 naming it (``n=2``,
-penalties, logprobs, tools...); unknown fields are refused too (``extra="forbid"``), so a client never gets an
-answer that silently ignored what it asked for.
+nothing of the output (``store``, ``metadata``, ``user``...), or refused with HTTP 400 naming it (penalties,
+``logit_bias``, ``best_of``...: UNSUPPORTED); unknown fields are refused too (``extra="forbid"``), so a client never
+gets an answer that silently ignored what it asked for.
 """
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import List, Literal, Optional, Union
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, Va
 from ..decoding.grammar import Grammar
 from ..errors import SwiftkError
 
+log = logging.getLogger("swiftk.serve")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit; swiftk.decoding.output.MAX_LOGPROBS)
 MAX_CHOICES = 64   # choices in one request (prompts x n): each is a request of the batch
@@ -35,6 +37,10 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class Cancelled(Exception):
+    """The job was cancelled before or while decoding (client gone, or the server shutting down)."""
 
 
 class _Strict(BaseModel):
@@ -84,13 +90,25 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: StrictStr
+    arguments: StrictStr   # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: StrictStr
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]   # developer: OpenAI's newer name for system
-    content: Union[StrictStr, List[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]   # developer: OpenAI's newer name for system
+    content: Union[StrictStr, List[TextPart], None] = None   # None: only an assistant's message of tool calls
     name: Optional[StrictStr] = None   # a participant's name: the chat templates have no place for it
+    tool_calls: Optional[List[ToolCall]] = None    # an assistant's earlier calls
+    tool_call_id: Optional[StrictStr] = None       # a tool's answer: the call it answers
     # what an assistant message echoed back from a response carries (``message.model_dump()``), at its empty value
     refusal: Optional[StrictStr] = None
-    tool_calls: Optional[list] = None
     function_call: Optional[dict] = None
     audio: Optional[dict] = None
     annotations: Optional[list] = None
@@ -101,17 +119,16 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[StrictInt] = None
     logprobs: Optional[StrictBool] = None
     top_logprobs: Optional[StrictInt] = None
-    tools: Optional[list] = None
-    tool_choice: Optional[Union[str, dict]] = None
-    parallel_tool_calls: Optional[StrictBool] = None   # no-op without tools
+    tools: Optional[list] = None                        # checked by serve.tools.parse_tools
+    tool_choice: Optional[Union[StrictStr, dict]] = None
+    parallel_tool_calls: Optional[StrictBool] = None
     response_format: Optional[dict] = None
 
 
 # field -> the values that mean "not asked for"; anything else is refused by name
 UNSUPPORTED = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                "logit_bias": (None, {}), "echo": (None, False),
-               "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-               "tool_choice": (None, "none")}
+               "best_of": (None, 1), "suffix": (None, "")}
 
 
 def parse(model: type, raw) -> _Common:
@@ -141,10 +158,16 @@ def parse(model: type, raw) -> _Common:
     if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     for i, m in enumerate(getattr(req, "messages", None) or []):
-        for name in ("tool_calls", "function_call", "audio"):   # an echoed message's empty fields pass; content not
+        for name in ("function_call", "audio"):   # an echoed message's empty fields pass; content not
             if getattr(m, name) not in (None, [], {}):
-                raise APIError(400, f"messages.{i}.{name}: tool calls and audio are not supported by swiftk",
-                               param=f"messages.{i}.{name}", code="unsupported")
+                raise APIError(400, f"messages.{i}.{name}: the legacy function_call and audio are not supported by "
+                               "swiftk (use tool_calls)", param=f"messages.{i}.{name}", code="unsupported")
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise APIError(400, f"messages.{i}.content is required (only an assistant's tool calls may omit it)",
+                           param=f"messages.{i}.content")
+        if (m.role == "tool") != (m.tool_call_id is not None) or (m.tool_calls and m.role != "assistant"):
+            raise APIError(400, f"messages.{i}: tool_call_id belongs to (and is required in) a tool's message, "
+                           "tool_calls to an assistant's", param=f"messages.{i}")
     return req
 
 
@@ -221,15 +244,19 @@ def stats(result, queue_s: float) -> dict:
             "queue_time_s": round(queue_s, 4)}
 
 
-def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: int = 1, tok=None) -> dict:
+def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: int = 1, tok=None,
+             calls: Optional[list] = None) -> dict:
     """A whole (non-streamed) response: one choice per result, in order (prompt i's choice j is index i * n + j);
-    ``swiftk`` holds the first choice's statistics, ``swiftk_choices`` every choice's when there are several."""
+    ``calls``: per result, its (content, tool calls) when tools are in play. ``swiftk`` holds the first choice's
+    statistics, ``swiftk_choices`` every choice's when there are several."""
     choices = []
     for i, result in enumerate(results):
-        choice = {"index": i, "finish_reason": FINISH[result.finish_reason],
+        content, tool_calls = calls[i] if calls else (result.text, None)
+        choice = {"index": i, "finish_reason": "tool_calls" if tool_calls else FINISH[result.finish_reason],
                   "logprobs": logprobs(chat, tok, result.logprobs)}
         if chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
+            choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": tool_calls}
+                                                                               if tool_calls else {})}
         else:
             choice["text"] = result.text
         choices.append(choice)
@@ -242,13 +269,27 @@ def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: 
 
 def chunk(chat: bool, rid: str, model: str, text: Optional[str] = None, finish: Optional[str] = None,
           role: bool = False, extra: Optional[dict] = None, choices: bool = True, index: int = 0,
-          lp: Optional[dict] = None) -> dict:
+          lp: Optional[dict] = None, tool_calls: Optional[list] = None) -> dict:
     """One server-sent event of a stream, in OpenAI's chunk format (``index``: the choice it belongs to; ``lp``:
-    the logprobs of the tokens it brings, in OpenAI's shape)."""
+    the logprobs of the tokens it brings, in OpenAI's shape; ``tool_calls``: whole calls, each its own delta)."""
     if chat:
         delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+        if tool_calls:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(tool_calls)]
         choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
     else:
         choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": lp}
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice] if choices else [], **(extra or {})}
+
+
+def as_api_error(e: Exception) -> APIError:
+    """Any failure of a request as the error answered to its client (an unexpected one is logged, as a 500)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, Cancelled):
+        return APIError(503, "the request was cancelled: the server is shutting down", code="cancelled")
+    if isinstance(e, SwiftkError):
+        return APIError(400, str(e))
+    log.exception("swiftk serve: request failed", exc_info=e)
+    return APIError(500, f"internal error ({type(e).__name__}); the server keeps serving")

@@ -29,14 +29,15 @@ from ..decoding.output import check_lengths
 from ..decoding.sampler import SamplingParams
 from ..requests import check_max_batch
 from . import api
-from .api import APIError
-from .decode import Cancelled, DecodeThread, Job
+from .api import APIError, Cancelled, as_api_error
+from .decode import DecodeThread, Job
+from .stream import DONE, events, finished, streamer
+from .tools import Tools, parse_tools, split_calls
 
 log = logging.getLogger("swiftk.serve")
 HISTORY_SCOPES = ("server", "key")
 MAX_BODY = 8 << 20          # bytes; a request is a prompt, not an upload
 MAX_STOP = 4                # OpenAI's limit on stop sequences
-_DONE = object()
 
 
 class Server:
@@ -46,12 +47,14 @@ class Server:
     across all requests; "key" keeps one learned state per API key, so no client's output drafts (and speeds up)
     another key's responses, and prefills every prompt whole (no prefix_cache). ``options``: decode options applied
     to every request (options.DecodeConfig). ``max_batch``: requests decoding together (default: the engine's
-    ``default_max_batch``, sized to the machine); ``queue_size``: requests waiting beyond those.
+    ``default_max_batch``, sized to the machine); ``queue_size``: requests waiting beyond those. ``chat_template``:
+    a Jinja chat template that replaces the model's (the server owns its engine), e.g. one that defines tools.
     """
 
     def __init__(self, engine, model_name: str, api_keys: Sequence[str] = (), history_scope: str = "server",
                  queue_size: int = 16, method: Optional[str] = None, options: Optional[dict] = None,
-                 max_batch: Optional[int] = None, allowed_origins: Sequence[str] = ()):
+                 max_batch: Optional[int] = None, allowed_origins: Sequence[str] = (),
+                 chat_template: Optional[str] = None):
         if history_scope not in HISTORY_SCOPES:
             raise SwiftkError(f"history_scope must be one of {HISTORY_SCOPES}, got {history_scope!r}")
         if history_scope == "key" and not api_keys:
@@ -62,6 +65,11 @@ class Server:
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         self.allowed_origins = check_origins(allowed_origins)
+        if chat_template is not None:
+            if not isinstance(chat_template, str) or not chat_template.strip():
+                raise SwiftkError("chat_template must be a non-empty Jinja template")
+            engine.tokenizer.chat_template = chat_template
+            engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])   # a broken one fails here
         method = engine.default_method if method is None else method   # "draft_model" with a draft model loaded
         m = methods.get(method)
         split, opt = split_options(dict(options or {}))
@@ -135,7 +143,9 @@ class Server:
             key = self._authorize(request)
             req = api.parse(api.ChatRequest if chat else api.CompletionRequest, await _read_json(request))
             n = req.n or 1
-            jobs = [self._job(req, chat, key, ids, j) for ids in self._prompts(req, chat) for j in range(n)]
+            tools, grammar = self._constraints(req, chat)
+            jobs = [self._job(req, chat, key, ids, j, grammar) for ids in self._prompts(req, chat, tools)
+                    for j in range(n)]
             rid = api.new_id("chatcmpl" if chat else "cmpl")
             if req.stream:
                 loop, q = asyncio.get_running_loop(), asyncio.Queue()
@@ -148,13 +158,13 @@ class Server:
 
                 reqs = [self._request(job) for job in jobs]
                 for i, r in enumerate(reqs):
-                    r.callback = _streamer(put, i, r.logprobs)
+                    r.callback = streamer(put, i, r.logprobs)
                 futs = self.decoder.submit_many(list(zip(reqs, jobs)))
                 for i, fut in enumerate(futs):
-                    fut.add_done_callback(lambda f, i=i: put((i, _DONE, None)))
+                    fut.add_done_callback(lambda f, i=i: put((i, DONE, None)))
                 usage = bool(req.stream_options and req.stream_options.include_usage)
-                return StreamingResponse(self._events(jobs, rid, chat, futs, q, usage, n),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                stream = events(self.model_name, self.engine.tokenizer, jobs, rid, chat, futs, q, usage, n, tools)
+                return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             futs = [asyncio.wrap_future(f) for f in self.decoder.submit_many(
                 [(self._request(job), job) for job in jobs])]
             while not all(f.done() for f in futs):
@@ -162,49 +172,12 @@ class Server:
                 if not all(f.done() for f in futs) and await request.is_disconnected():
                     for job in jobs:   # the client is gone: free the engine at the next token
                         job.cancel.set()
-            results = [_finished(f.result()) for f in futs]
+            results = [finished(f.result()) for f in futs]
+            calls = [split_calls(r.text, tools.names) for r in results] if _calling(tools) else None
             return JSONResponse(api.response(chat, rid, self.model_name, results, [j.queue_s for j in jobs], n,
-                                             self.engine.tokenizer))
+                                             self.engine.tokenizer, calls))
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
-            return _error_response(_as_api_error(e))
-
-    async def _events(self, jobs: list, rid: str, chat: bool, futs: list, q: asyncio.Queue, include_usage: bool,
-                      n: int):
-        """The choices' chunks as their pieces come (each chunk names its choice), a finish chunk per choice as it
-        ends, then usage (when asked) and [DONE]."""
-        name, results, left, tok = self.model_name, [None] * len(jobs), len(jobs), self.engine.tokenizer
-        sent = [[0, 0] for _ in jobs]   # per choice: logprob entries sent, characters sent (completions' offsets)
-        try:
-            if chat:
-                for i in range(len(jobs)):
-                    yield _sse(api.chunk(True, rid, name, role=True, index=i))
-            while left:
-                i, item, entries = await q.get()
-                if item is not _DONE:
-                    lp = api.logprobs(chat, tok, entries, sent[i][1])
-                    sent[i][0] += len(entries or ())
-                    sent[i][1] += len(item)
-                    yield _sse(api.chunk(chat, rid, name, text=item, index=i, lp=lp))
-                    continue
-                left -= 1
-                try:
-                    results[i] = _finished(futs[i].result())
-                except Exception as e:  # noqa: BLE001 - the status line is sent: report it as an event
-                    yield _sse(_as_api_error(e).body())
-                    yield "data: [DONE]\n\n"
-                    return
-                rest = None if results[i].logprobs is None else results[i].logprobs[sent[i][0]:]
-                yield _sse(api.chunk(chat, rid, name, text=None if chat else "", index=i,
-                                     finish=api.FINISH[results[i].finish_reason],
-                                     lp=api.logprobs(chat, tok, rest, sent[i][1]) if rest else None,
-                                     extra={"swiftk": api.stats(results[i], jobs[i].queue_s)}))
-            # usage once, in OpenAI's last chunk (choices: []), and only when asked
-            if include_usage:
-                yield _sse(api.chunk(chat, rid, name, choices=False, extra={"usage": api.usage(results, n)}))
-            yield "data: [DONE]\n\n"
-        finally:
-            for job in jobs:
-                job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
+            return _error_response(as_api_error(e))
 
     def _authorize(self, request) -> Optional[str]:
         if not self.api_keys:
@@ -215,7 +188,18 @@ class Server:
                 return k
         raise APIError(401, "a valid API key is required (header Authorization: Bearer KEY)", code="invalid_api_key")
 
-    def _job(self, req, chat: bool, key: Optional[str], ids: list, choice: int) -> Job:
+    def _constraints(self, req, chat: bool) -> tuple:
+        """(the chat request's Tools or None, the grammar its output must match or None), each built once per
+        request: the tools' grammar (tool_choice required or a named function), or response_format's."""
+        tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                            self.engine.tokenizer.chat_template) if chat else None
+        grammar = api.grammar_of(req)
+        if _calling(tools) and grammar is not None:
+            raise APIError(400, "response_format shapes a message's content; with tools the answer may be tool calls "
+                           "instead: send one or the other (or tool_choice: none)", param="response_format")
+        return tools, grammar if grammar is not None or tools is None else tools.grammar()
+
+    def _job(self, req, chat: bool, key: Optional[str], ids: list, choice: int, grammar) -> Job:
         """Everything checked before the request queues, so a bad one never waits for the engine. ``choice``: which
         of the prompt's ``n`` choices (a seed gives choice j the seed + j: n equal draws would be one)."""
         room = self.engine.max_context - len(ids)
@@ -246,9 +230,9 @@ class Server:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
-        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req), api.grammar_of(req))
+        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req), grammar)
 
-    def _prompts(self, req, chat: bool) -> list:
+    def _prompts(self, req, chat: bool, tools: Optional[Tools] = None) -> list:
         """The request's prompts as token ids: a chat's one, or a completion's (a string, token ids, or a list of
         either: several prompts, decoded together)."""
         if req.model != self.model_name:   # 404 as OpenAI answers it: clients raise NotFoundError
@@ -258,11 +242,12 @@ class Server:
         try:
             if chat:
                 msgs = [{"role": "system" if m.role == "developer" else m.role,
-                         "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-                        for m in req.messages]
+                         "content": "".join(p.text for p in m.content) if isinstance(m.content, list) else m.content,
+                         **({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {}),
+                         **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in req.messages]
                 if not msgs:
                     raise APIError(400, "messages is empty", param="messages")
-                return [eng.encode_prompt(msgs, chat=True)]
+                return [eng.encode_prompt(msgs, chat=True, tools=tools.for_template() if tools else None)]
             p = req.prompt
             many = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
             if len(many) * (req.n or 1) > api.MAX_CHOICES:
@@ -282,6 +267,11 @@ class Server:
                                    grammar=job.grammar, **job.sampling, **self.options)
 
 
+def _calling(tools: Optional[Tools]) -> bool:
+    """Whether the model may answer with tool calls (tools given, tool_choice not none)."""
+    return tools is not None and tools.mode != "none"
+
+
 def check_origins(origins: Sequence[str]) -> list:
     """``--allowed-origins``: "*" or origins as browsers send them (scheme://host[:port], no path)."""
     out = []
@@ -292,42 +282,8 @@ def check_origins(origins: Sequence[str]) -> list:
     return out
 
 
-def _streamer(put, i: int, lp):
-    """A streamed choice's callback: each text piece with the logprob entries of the tokens decoded since the last
-    (a piece held back for a stop string or a split character comes with the tokens that complete it)."""
-    sent = [0]
-
-    def piece(text: str) -> None:
-        entries = None
-        if lp is not None:
-            entries, sent[0] = lp.entries[sent[0]:], len(lp.entries)
-        put((i, text, entries))
-    return piece
-
-
-def _finished(result):
-    if result.finish_reason == "cancelled":
-        raise Cancelled
-    return result
-
-
 def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-def _as_api_error(e: Exception) -> APIError:
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, Cancelled):
-        return APIError(503, "the request was cancelled: the server is shutting down", code="cancelled")
-    if isinstance(e, SwiftkError):
-        return APIError(400, str(e))
-    log.exception("swiftk serve: request failed", exc_info=e)
-    return APIError(500, f"internal error ({type(e).__name__}); the server keeps serving")
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
 
 
 async def _read_json(request):

@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..scheduler import Scheduler
-from .api import APIError
+from .api import APIError, Cancelled
 
 log = logging.getLogger("swiftk.serve")
-
-
-class Cancelled(Exception):
-    """The job was cancelled before or while decoding (client gone, or the server shutting down)."""
 
 
 @dataclass
