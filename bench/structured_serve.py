@@ -3,11 +3,14 @@ threads, both answering OpenAI's ``response_format: {"type": "json_schema", ...}
 
     python -m bench.structured_serve --model smollm2-135m --reps 3
 
-The prompts and schemas are bench/structured.py's. Arms, alternated every repetition, each server started once and
-warmed: ``swiftk`` (the default method: free drafts plus the grammar's forced tokens), ``swiftk-free`` (the same
-server, no response_format: what the schema costs or gains), ``llama`` (``llama-server -fa on -np 1``, which turns
-the schema into a GBNF grammar), ``llama-free``. One client, greedy, non-streamed; a request's wall time is taken at
-the client (prefill and HTTP included); tokens are the server's own ``usage.completion_tokens``. Per prompt and arm
+The prompts and schemas are bench/structured.py's. Arms, in alternated order every repetition, each on a fresh server
+of its own (started, warmed on a prompt of its own, then the six prompts in turn, then stopped; no two servers run at
+once): ``swiftk`` (the default method: free drafts plus the grammar's forced tokens), ``swiftk-free`` (no
+response_format: what the schema costs or gains), ``llama`` (``llama-server -fa on -np 1``, which turns the schema
+into a GBNF grammar), ``llama-free``. A fresh server per arm and repetition: no answer of an earlier repetition is in
+swiftk's learned history, no prompt in llama-server's prompt cache. One client, greedy, non-streamed; a request's
+wall time is taken at the client (prefill and HTTP included); tokens are the server's own
+``usage.completion_tokens``. Per prompt and arm
 the median of the repetitions, then tokens / seconds over all prompts. Every answer of a schema arm is checked to
 parse as JSON; swiftk's are also checked against plain constrained decoding in process (token-identical text).
 Writes bench/results/structured_serve_<model>_<date>.md and .json.
@@ -52,32 +55,29 @@ def main(argv=None) -> int:
     ref = [eng.generate([{"role": "user", "content": q}], chat=True, max_new_tokens=a.max_tokens,
                         method="autoregressive", grammar=swiftk.Grammar.json_schema(s)).text for q, s in CASES]
     del eng
-    servers = {"swiftk": swiftk_server(a.model, a.threads), "llama": llama_server(gguf, 1, a.threads)}
     walls = {arm: [[] for _ in CASES] for arm in ARMS}
     tokens = {arm: [0] * len(CASES) for arm in ARMS}
     texts: dict = {}
-    try:
-        clients = {k: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=600)
-                   for k, s in servers.items()}
-        for c in clients.values():   # warm: weights paged in, the grammar engine's first use
-            c.chat.completions.create(model="m", messages=[{"role": "user", "content": CASES[0][0]}], max_tokens=8,
-                                      temperature=0, response_format=_format(CASES[0][1]))
-        for rep in range(a.reps):
-            order = ARMS if rep % 2 == 0 else ARMS[::-1]
-            for i, (q, schema) in enumerate(CASES):
-                for arm in order:
+    warm = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    for rep in range(a.reps):
+        for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
+            srv = swiftk_server(a.model, a.threads) if arm.startswith("swiftk") else llama_server(gguf, 1, a.threads)
+            try:
+                c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=600)
+                # warm: weights paged in, the grammar engine's first use (a prompt of its own)
+                c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Are you ready?"}],
+                                          max_tokens=8, temperature=0, response_format=_format(warm))
+                for i, (q, schema) in enumerate(CASES):
                     kw = {} if arm.endswith("free") else {"response_format": _format(schema)}
                     t = time.perf_counter()
-                    r = clients[arm.split("-")[0]].chat.completions.create(
-                        model="m", messages=[{"role": "user", "content": q}], max_tokens=a.max_tokens,
-                        temperature=0, **kw)
+                    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],
+                                                  max_tokens=a.max_tokens, temperature=0, **kw)
                     walls[arm][i].append(time.perf_counter() - t)
                     tokens[arm][i] = r.usage.completion_tokens
                     texts[(arm, i)] = r.choices[0].message.content
-            print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr, flush=True)
-    finally:
-        for s in servers.values():
-            s.stop()
+            finally:
+                srv.stop()
+        print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr, flush=True)
     rate = {arm: sum(tokens[arm]) / sum(statistics.median(w) for w in walls[arm]) for arm in ARMS}
     parsed = {arm: sum(_parses(texts[(arm, i)]) for i in range(len(CASES))) for arm in ("swiftk", "llama")}
     equal = sum(texts[("swiftk", i)] == ref[i] for i in range(len(CASES)))
@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     lines = [f"# Structured outputs served, {a.model} ({mi['cpu']}, {mi['cpu_arch']}, {a.threads} threads, commit "
              f"{(mi['git_commit'] or '?')[:8]}, {res['date']})", "",
              f"{len(CASES)} JSON-Schema chat prompts (bench/structured.py), {a.max_tokens} tokens at most, one "
-             f"client, greedy, median of {a.reps} alternated repetitions per prompt, client-side wall time.", "",
+             f"client, greedy, a fresh server per arm and repetition, median of {a.reps} alternated repetitions per "
+             "prompt, client-side wall time.", "",
              "| arm | tok/s | completion tokens | ÷ llama (schema) |", "|---|---:|---:|---:|"]
     for arm in ARMS:
         lines.append(f"| {arm} | {rate[arm]:.1f} | {sum(tokens[arm])} | {rate[arm] / rate['llama']:.2f}x |")

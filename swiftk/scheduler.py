@@ -3,6 +3,10 @@ one is free, else it waits in arrival order; every round of the running calls is
 target pass for all of them); a call that finishes, fails or is cancelled leaves between rounds and its slot goes to
 the next waiting request. Engine.generate_many runs one to completion; the server steps one from its decode thread.
 
+A prompt whose start a running call is prefilling (n choices of one prompt, a shared system prompt) waits until that
+start is prefilled and then copies its KV instead of computing it again: the same rows bit for bit where prefix reuse is exact
+(``Request.reuse_ok``), so the output does not change.
+
 The engine is duck-typed here (its open_call / close_call / slot / model / costs): the engine imports this module,
 not the other way round.
 """
@@ -16,6 +20,7 @@ from .decoding.batch import Batch
 from .decoding.output import DecodeStats, GenerationResult
 from .requests import Request
 
+SHARE_MIN = 32   # prompt tokens in common with a running call's worth waiting for its prefill and copying its KV
 # done(result, error): exactly one of them is None
 Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
 
@@ -107,18 +112,17 @@ class Scheduler:
     def _admit(self) -> None:
         while self._free:
             with self._lock:
-                if not self._waiting:
+                k = self._next_ready()
+                if k is None:
                     return
-                req, done = self._waiting[0]
-                # a method whose drafter keeps one engine-wide state (a draft model's cache, MoA's) decodes one call
-                # at a time; later requests wait behind it, in order
-                if getattr(req.method, "one_at_a_time", False) and any(
-                        getattr(c.req.method, "one_at_a_time", False) for c, _, _ in self._running.values()):
-                    return
-                self._waiting.popleft()
+                req, done = self._waiting[k]
+                del self._waiting[k]
+                twin, shared = self._twin(req)
                 self._opening += 1   # never counted neither waiting nor running (admission reads both)
             try:
                 slot = self._pick_slot(req)
+                if twin is not None:
+                    self._copy_start(twin, shared, req, slot)
                 call = self.engine.open_call(req, slot, batched=True)
             except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
                 with self._lock:
@@ -130,6 +134,44 @@ class Scheduler:
             with self._lock:
                 self._running[call.decoder] = (call, done, slot)
                 self._opening -= 1
+
+    def _next_ready(self) -> Optional[int]:
+        """The first waiting request that may open now (its index), else None. One waiting for a running call's
+        prefill of its prompt's start is passed over; a later one may open before it."""
+        for k, (req, _) in enumerate(self._waiting):
+            # a method whose drafter keeps one engine-wide state (a draft model's cache, MoA's) decodes one call
+            # at a time; later requests wait behind it, in order
+            if getattr(req.method, "one_at_a_time", False) and any(
+                    getattr(c.req.method, "one_at_a_time", False) for c, _, _ in self._running.values()):
+                return None
+            twin, shared = self._twin(req)
+            filled = None if twin is None else twin.decoder.s.filled
+            if twin is None or (filled is not None and filled >= shared):   # no wait past the shared start
+                return k
+        return None
+
+    def _twin(self, req: Request) -> tuple:
+        """(the running call whose prompt shares the longest start with ``req``'s, that length), when it is at
+        least SHARE_MIN tokens and reuse is exact for both; else (None, 0)."""
+        if not req.reuse_ok:
+            return None, 0
+        best, most = None, SHARE_MIN - 1
+        for call, _, _ in self._running.values():
+            if not call.req.reuse_ok or call.decoder is None:
+                continue
+            # the last prompt token is always passed: its row gives the first token
+            n = _common_start(call.req.ids, req.ids, min(len(call.req.ids), len(req.ids) - 1))
+            if n > most:
+                best, most = call, n
+        return (best, most) if best is not None else (None, 0)
+
+    def _copy_start(self, twin, shared: int, req: Request, slot: int) -> None:
+        """Give ``slot`` the twin call's KV of the shared prompt start, unless the slot already holds as much."""
+        sl = self.engine.slot(slot)
+        shared = min(shared, twin.slot.cache.length)
+        if sl.held.shared(sl.cache, req.ids) < shared:
+            sl.cache.copy_prefix(twin.slot.cache, shared)
+            sl.held.record(sl.cache, req.ids[:shared])
 
     def _pick_slot(self, req: Request) -> int:
         """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest
@@ -166,6 +208,21 @@ class Scheduler:
             done(None, e)
             return
         done(result, None)
+
+
+def _common_start(a: list, b: list, top: int) -> int:
+    """Length of the common start of ``a`` and ``b``, at most ``top``: a binary search over slice comparisons
+    (each in C), as this runs for every waiting request at every round."""
+    if top < SHARE_MIN or a[:SHARE_MIN] != b[:SHARE_MIN]:
+        return 0
+    lo, hi = SHARE_MIN, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _cancelled_result(req: Request) -> GenerationResult:

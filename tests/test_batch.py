@@ -263,3 +263,22 @@ def test_a_node_that_pays_alone_may_not_pay_in_a_full_pass(eng):
     # 3 rows expected to yield 3 tokens, not even a certain node pays
     gate.batch = (3, 3.0, lambda T: 0.002 + 0.0025 * T)
     assert gate.tree_size(0.0, [1.0, 1.0]) == 0
+
+
+def test_a_prompt_start_being_prefilled_is_copied_not_prefilled_again(smollm2_path):
+    """Three choices of one long prompt and a prompt sharing its start: the later calls wait for the first one's
+    prefill, copy its KV (prompt_reused counts it) and decode the tokens each decodes alone."""
+    e = swiftk.load(str(smollm2_path), persist=False)
+    other = LONG + "y = 3\n"
+    want = [_ar(e, p, 24, prefix_cache=False) for p in (LONG, other)]
+    n = len(e.encode_prompt(LONG))
+    got = e.generate_many([LONG, LONG, LONG, other], max_new_tokens=24, max_batch=4, temperature=0)
+    assert [r.token_ids for r in got] == [want[0]] * 3 + [want[1]]
+    assert got[0].stats.prompt_reused == 0
+    assert [r.stats.prompt_reused for r in got[1:3]] == [n - 1, n - 1]   # all but the last prompt token
+    assert got[3].stats.prompt_reused >= n // 2
+    seeded = e.generate_many([LONG] * 2, max_new_tokens=24, max_batch=2, temperature=0.8, seed=5)
+    assert seeded[0].token_ids == e.generate(LONG, max_new_tokens=24, temperature=0.8, seed=5,
+                                             prefix_cache=False).token_ids
+    off = e.generate_many([LONG, LONG], max_new_tokens=4, max_batch=2, prefix_cache=False)   # reuse off: no copy
+    assert [r.stats.prompt_reused for r in off] == [0, 0]

@@ -255,3 +255,28 @@ def test_the_streamed_holdback_adds_up_to_the_whole_response(text):
         content, want = split_calls(text, NAMES)
         assert out + rest == (content or "") and (calls is not None) == (want is not None)
         assert "<tool_call>" not in out or calls is None
+
+
+def test_split_calls_survives_any_model_text():
+    assert split_calls('<tool_call>{"name": ["get_time"], "arguments": {}}</tool_call>', NAMES)[1] is None
+    deep = "<tool_call>" + "[" * 100000 + "</tool_call>"
+    assert split_calls(deep, NAMES) == (deep, None)
+
+
+def test_nested_parameter_schemas_keep_their_definitions(eng):
+    """A tool's $defs (what openai.pydantic_function_tool makes of nested models) move to the grammar's root with
+    their references; a call under it parses and fills the nested object."""
+    addr = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+            "additionalProperties": False}
+    nested = {"type": "function", "function": {"name": "ship", "description": None, "parameters": {
+        "$defs": {"Addr": addr}, "type": "object", "properties": {"to": {"$ref": "#/$defs/Addr"}},
+        "required": ["to"], "additionalProperties": False}}}
+    tools = parse_tools([nested, TIME], {"type": "function", "function": {"name": "ship"}}, None, HERMES)
+    ids = eng.encode_prompt([{"role": "user", "content": "Ship it to Oslo."}], chat=True, tools=tools.for_template())
+    text = eng.generate(ids, max_new_tokens=60, method="autoregressive", grammar=tools.grammar()).text
+    _, calls = split_calls(text, tools.names)
+    assert calls and set(json.loads(calls[0]["function"]["arguments"])["to"]) == {"city"}
+    from swiftk.serve.api import APIError
+    with pytest.raises(APIError, match="must describe an object"):
+        parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "auto",
+                    None, HERMES)

@@ -145,15 +145,15 @@ def _llguidance():
 
 
 class _Vocabulary:
-    """A swiftk Tokenizer in the shape llguidance's TokenizerWrapper reads: every token's bytes, the special ids
-    (the model's control tokens only: llguidance's reading of tokenizer.json takes every added token for special,
-    so Qwen's ``<tool_call>``, plain text to the model, would be a token no grammar's text could match)."""
+    """A byte-level swiftk Tokenizer in the shape llguidance's TokenizerWrapper reads: every token's bytes, the
+    special ids (the model's control tokens only: llguidance's reading of tokenizer.json takes every added token for
+    special, so Qwen's ``<tool_call>``, plain text to the model, would be a token no grammar's text could match)."""
 
     def __init__(self, tokenizer, vocab_size: int):
         n = min(vocab_size, tokenizer.vocab_size)
         self.tokens = [tokenizer.token_bytes(i) for i in range(n)] + [b""] * (vocab_size - n)
         self.special_token_ids = sorted(i for i in tokenizer.special_ids if i < vocab_size)
-        self.eos_token_id = min(tokenizer.eos_ids) if tokenizer.eos_ids else None
+        self.eos_token_id = min(tokenizer.eos_ids)
         self.bos_token_id = tokenizer.bos_id
         self.encode = tokenizer.encode
 
@@ -162,8 +162,12 @@ class _Vocabulary:
 
 
 def ll_tokenizer(tokenizer, vocab_size: int):
-    """llguidance's view of a swiftk Tokenizer over the model's ``vocab_size`` logits (~1 s on a 150k vocabulary:
-    the engine builds it once, as a resource)."""
+    """llguidance's view of a swiftk Tokenizer over the model's ``vocab_size`` logits (~1.5 s on a 150k vocabulary:
+    the engine builds it once, as a resource). Byte-level vocabularies (every GGUF one) from their token bytes;
+    others from their tokenizer.json, as llguidance reads it."""
     ll = _llguidance()
-    return ll.LLTokenizer(ll.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)), n_vocab=vocab_size,
-                          eos_token=sorted(tokenizer.eos_ids) or None)
+    if not tokenizer.eos_ids:
+        raise SwiftkError("constrained decoding needs the model's end-of-sequence token; this tokenizer has none")
+    src = ll.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)) if tokenizer.byte_level else \
+        tokenizer.hf_files()["tokenizer.json"]
+    return ll.LLTokenizer(src, n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))

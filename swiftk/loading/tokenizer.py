@@ -321,8 +321,20 @@ class Tokenizer:
     def id_to_token(self, i: int) -> Optional[str]:
         return self._tok.id_to_token(int(i))
 
+    @functools.cached_property
+    def byte_level(self) -> bool:
+        """Whether the pieces are byte-level BPE (GPT-2's byte alphabet): then token_bytes is exact for every id."""
+        return type(self._tok.decoder).__name__ == "ByteLevel"
+
+    @functools.cached_property
+    def _added(self) -> dict:
+        return {int(i): a.content for i, a in self._tok.get_added_tokens_decoder().items()}
+
     def token_bytes(self, i: int) -> bytes:
-        """The bytes token ``i`` stands for (a byte-level piece may be part of a character decode() shows as �)."""
+        """The bytes token ``i`` stands for (a byte-level piece may be part of a character decode() shows as �; an
+        added token stands for its text)."""
+        if int(i) in self._added:
+            return self._added[int(i)].encode("utf-8", "surrogatepass")
         piece = self._tok.id_to_token(int(i)) or ""
         if i not in self.special_ids and piece and all(ch in _UNICODE_TO_BYTE for ch in piece):
             return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)

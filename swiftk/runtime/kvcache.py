@@ -32,6 +32,14 @@ class KVCache:
         self._length = 0
         self.epoch += 1
 
+    def copy_prefix(self, src: "KVCache", n: int) -> None:
+        """Hold ``src``'s first ``n`` committed slots as this cache's committed prefix (a rewrite: epoch bumped)."""
+        if not 0 <= n <= min(src.length, self.max_slots):
+            raise SwiftkError(f"cannot copy {n} slots of a cache holding {src.length}")
+        self.data[:, :, :, :n].copy_(src.data[:, :, :, :n])
+        self._length = n
+        self.epoch += 1
+
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` committed slots (their KV stays valid); the rest become scratch."""
         if not 0 <= n <= self._length:

@@ -47,11 +47,15 @@ class Tools:
         """The constraint of ``required`` and named choices (None: the model decodes freely)."""
         if self.mode not in ("required", "named"):
             return None
-        calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                                     "arguments": f.get("parameters") or {"type": "object"}},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-                 for f in (t["function"] for t in self.specs) if self.mode == "required" or f["name"] == self.named]
-        schema = {"anyOf": calls, "x-guidance": JSON_LAYOUT}
+        calls, defs = [], {}
+        for i, t in enumerate(self.specs):
+            f = t["function"]
+            if self.mode == "required" or f["name"] == self.named:
+                args = _hoisted(dict(f.get("parameters") or {}), f"t{i}_", defs)
+                args.setdefault("type", "object")   # a call's arguments are an object, whatever the schema omits
+                calls.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": args},
+                              "required": ["name", "arguments"], "additionalProperties": False})
+        schema = {"anyOf": calls, "x-guidance": JSON_LAYOUT, **({"$defs": defs} if defs else {})}
         more = ' ("\\n" call)*' if self.parallel else ""
         g = Grammar.lark(f'start: call{more}\ncall: "{OPEN}\\n" obj "\\n{CLOSE}"\nobj: %json {json.dumps(schema)}')
         g.what = "the tools' parameters"   # what a refusal names (an invalid schema shows when the call opens)
@@ -68,6 +72,8 @@ def parse_tools(tools, tool_choice, parallel: Optional[bool], template: Optional
     specs = []
     for i, t in enumerate(tools):
         f = t.get("function") if isinstance(t, dict) else None
+        if isinstance(f, dict):   # a null description or strict is the field left out
+            f = {k: v for k, v in f.items() if v is not None}
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict) or set(t) - {"type",
                                                                                                           "function"}:
             raise _bad("tools", f"tools.{i} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
@@ -78,6 +84,8 @@ def parse_tools(tools, tool_choice, parallel: Optional[bool], template: Optional
             raise _bad("tools", f"tools.{i}.function.name must be 1-64 letters, digits, _ or -, got {f.get('name')!r}")
         if not isinstance(f.get("parameters", {}), dict) or not isinstance(f.get("description", ""), str):
             raise _bad("tools", f"tools.{i}.function: parameters must be a JSON Schema object, description a string")
+        if f.get("parameters", {}).get("type", "object") != "object":
+            raise _bad("tools", f"tools.{i}.function.parameters must describe an object (a call's arguments)")
         specs.append({"type": "function", "function": f})
     names = [s["function"]["name"] for s in specs]
     if len(set(names)) < len(names):
@@ -111,10 +119,10 @@ def split_calls(text: str, names: set) -> tuple:
     for b in blocks:
         try:
             call = json.loads(b.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):   # the model's text: anything, nested arbitrarily deep
             return text, None
-        if not isinstance(call, dict) or call.get("name") not in names or not isinstance(call.get("arguments"),
-                                                                                           dict):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or call["name"] not in names \
+                or not isinstance(call.get("arguments"), dict):
             return text, None
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}})
@@ -148,6 +156,30 @@ class Holdback:
         if calls is None:
             return self.text[self.sent:], None
         return (content or "")[self.sent:], calls
+
+
+def _hoisted(schema: dict, prefix: str, defs: dict) -> dict:
+    """A tool's parameters schema placed inside the calls' schema: its ``$defs`` / ``definitions`` move to the root
+    as ``defs`` under ``prefix`` (tools may name theirs alike), and its ``#/...`` references follow them."""
+    for key in ("$defs", "definitions"):
+        for name, d in (schema.pop(key, None) or {}).items():
+            defs[prefix + name] = d
+
+    def fix(x):
+        if isinstance(x, dict):
+            return {k: (_ref(v, prefix) if k == "$ref" and isinstance(v, str) else fix(v)) for k, v in x.items()}
+        return [fix(v) for v in x] if isinstance(x, list) else x
+    out = fix(schema)
+    for name in [n for n in defs if n.startswith(prefix)]:
+        defs[name] = fix(defs[name])
+    return out
+
+
+def _ref(ref: str, prefix: str) -> str:
+    for key in ("#/$defs/", "#/definitions/"):
+        if ref.startswith(key):
+            return "#/$defs/" + prefix + ref[len(key):]
+    return ref
 
 
 def _bad(param: str, message: str) -> APIError:
