@@ -122,8 +122,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"structured_{a.model}_{time.strftime('%Y%m%d-%H%M%S')}"
-    stem.with_suffix(".md").write_text(md)
-    stem.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    Path(f"{stem}.md").write_text(md)   # not with_suffix: model names hold dots
+    Path(f"{stem}.json").write_text(json.dumps(res, indent=1))
     print(f"wrote {stem}.md / .json", file=sys.stderr)
     return 0
 

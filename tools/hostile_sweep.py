@@ -1399,13 +1399,34 @@ def server_cases(model: Path, homes: Homes) -> list:
         show = body if isinstance(body, (dict, list)) else body[:80].decode(errors="replace")
         case(f"completions:{nm}", req(body, hdr), R + repr(show)[:160])
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
+    TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for nm, body in {"ok": chat, "messages-empty": {**chat, "messages": []}, "messages-str": {**chat, "messages": "hi"},
                      "role-bad": {**chat, "messages": [{"role": "tool", "content": "x"}]},
                      "content-null": {**chat, "messages": [{"role": "user", "content": None}]},
                      "content-parts-image": {**chat, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                      "tools": {**chat, "tools": [{"type": "function", "function": {"name": "f"}}]},
                      "max_completion_tokens-both": {**chat, "max_completion_tokens": 4},
-                     "response_format": {**chat, "response_format": {"type": "json_object"}}}.items():
+                     "response_format": {**chat, "response_format": {"type": "json_object"}},
+                     # tool calls: SmolLM2's template shows no tools, so any tool_choice but none is a 400
+                     "tools-required": {**chat, "tools": [TOOL], "tool_choice": "required"},
+                     "tools-none": {**chat, "tools": [TOOL], "tool_choice": "none"},
+                     "tool_choice-dict-empty": {**chat, "tools": [TOOL], "tool_choice": {}},
+                     "tool_choice-no-tools": {**chat, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+                     "tools-item-str": {**chat, "tools": ["f"]},
+                     "tools-name-10k": {**chat, "tools": [{"type": "function", "function": {"name": "f" * 10000}}]},
+                     "tools-params-array": {**chat, "tools": [{"type": "function", "function": {
+                         "name": "f", "parameters": {"type": "array"}}}], "tool_choice": "none"},
+                     "tools-1000": {**chat, "tools": [{"type": "function", "function": {"name": f"f{i}"}}
+                                                      for i in range(1000)], "tool_choice": "none"},
+                     "tool-msg-no-id": {**chat, "messages": [{"role": "tool", "content": "x"}]},
+                     "tool-msg": {**chat, "messages": [{"role": "user", "content": "hi"}, {
+                         "role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                               "function": {"name": "f",
+                                                                                            "arguments": "{"}}]},
+                         {"role": "tool", "tool_call_id": "c", "content": "ok"}]},
+                     "tool_calls-args-obj": {**chat, "messages": [{"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}]},
+                     }.items():
         case(f"chat:{nm}", req(body, path="/v1/chat/completions"), R.replace("completions -d", "chat/completions -d") + json.dumps(body)[:160])
     case("get-unknown-route", lambda: classify(*_get(url + "/v1/nope", H)), "curl localhost:P/v1/nope")
     case("get-completions", lambda: classify(*_get(url + "/v1/completions", H)), "curl -X GET localhost:P/v1/completions")

@@ -81,7 +81,8 @@ def parse_tools(tools, tool_choice, parallel: Optional[bool], template: Optional
         if extra:
             raise _bad("tools", f"tools.{i}.function: unknown fields {sorted(extra)}")
         if not isinstance(f.get("name"), str) or not _NAME.fullmatch(f["name"]):
-            raise _bad("tools", f"tools.{i}.function.name must be 1-64 letters, digits, _ or -, got {f.get('name')!r}")
+            raise _bad("tools", f"tools.{i}.function.name must be 1-64 letters, digits, _ or -, "
+                       f"got {str(f.get('name'))[:80]!r}")
         if not isinstance(f.get("parameters", {}), dict) or not isinstance(f.get("description", ""), str):
             raise _bad("tools", f"tools.{i}.function: parameters must be a JSON Schema object, description a string")
         if f.get("parameters", {}).get("type", "object") != "object":
