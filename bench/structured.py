@@ -119,13 +119,18 @@ def main(argv=None) -> int:
               f"(drafted-round tokens: {drafted})"]
     md = "\n".join(lines) + "\n"
     print(md)
-    out = Path(a.out)
+    write_result(a.out, f"structured_{a.model}", md, res)
+    return 0
+
+
+def write_result(out_dir, name: str, md: str, res: dict) -> None:
+    """``<out_dir>/<name>_<date>.md`` and ``.json`` (also bench/structured_serve.py's)."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"structured_{a.model}_{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = out / f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
     Path(f"{stem}.md").write_text(md)   # not with_suffix: model names hold dots
     Path(f"{stem}.json").write_text(json.dumps(res, indent=1))
     print(f"wrote {stem}.md / .json", file=sys.stderr)
-    return 0
 
 
 def _parses(text: str) -> bool:

@@ -18,11 +18,9 @@ Writes bench/results/structured_serve_<model>_<date>.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 ARMS = ("swiftk", "swiftk-free", "llama", "llama-free")
 
@@ -46,7 +44,7 @@ def main(argv=None) -> int:
     from bench.e2e import machine_info
     from bench.native_llamacpp import build_info, ensure
     from bench.serve_load import llama_server, swiftk_server
-    from bench.structured import CASES, _parses
+    from bench.structured import CASES, _parses, write_result
     from swiftk.loading.registry import resolve_model
 
     ensure()
@@ -105,12 +103,7 @@ def main(argv=None) -> int:
               f"{res['llamacpp']['cmake']}."]
     md = "\n".join(lines) + "\n"
     print(md)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"structured_serve_{a.model}_{time.strftime('%Y%m%d-%H%M%S')}"
-    Path(f"{stem}.md").write_text(md)   # not with_suffix: model names hold dots
-    Path(f"{stem}.json").write_text(json.dumps(res, indent=1))
-    print(f"wrote {stem}.md / .json", file=sys.stderr)
+    write_result(a.out, f"structured_serve_{a.model}", md, res)
     return 0
 
 

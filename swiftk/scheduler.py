@@ -4,8 +4,8 @@ target pass for all of them); a call that finishes, fails or is cancelled leaves
 the next waiting request. Engine.generate_many runs one to completion; the server steps one from its decode thread.
 
 A prompt whose start a running call is prefilling (n choices of one prompt, a shared system prompt) waits until that
-start is prefilled and then copies its KV instead of computing it again: the same rows bit for bit where prefix reuse is exact
-(``Request.reuse_ok``), so the output does not change.
+start is prefilled and then copies its KV instead of computing it again: the same rows bit for bit where prefix
+reuse is exact (``Request.reuse_ok``), so the output does not change.
 
 The engine is duck-typed here (its open_call / close_call / slot / model / costs): the engine imports this module,
 not the other way round.
@@ -112,12 +112,12 @@ class Scheduler:
     def _admit(self) -> None:
         while self._free:
             with self._lock:
-                k = self._next_ready()
-                if k is None:
+                ready = self._next_ready()
+                if ready is None:
                     return
+                k, twin, shared = ready
                 req, done = self._waiting[k]
                 del self._waiting[k]
-                twin, shared = self._twin(req)
                 self._opening += 1   # never counted neither waiting nor running (admission reads both)
             try:
                 slot = self._pick_slot(req)
@@ -135,9 +135,9 @@ class Scheduler:
                 self._running[call.decoder] = (call, done, slot)
                 self._opening -= 1
 
-    def _next_ready(self) -> Optional[int]:
-        """The first waiting request that may open now (its index), else None. One waiting for a running call's
-        prefill of its prompt's start is passed over; a later one may open before it."""
+    def _next_ready(self) -> Optional[tuple]:
+        """(index, twin, shared) of the first waiting request that may open now (its twin from ``_twin``), else None.
+        One waiting for a running call's prefill of its prompt's start is passed over; a later one may open first."""
         for k, (req, _) in enumerate(self._waiting):
             # a method whose drafter keeps one engine-wide state (a draft model's cache, MoA's) decodes one call
             # at a time; later requests wait behind it, in order
@@ -147,7 +147,7 @@ class Scheduler:
             twin, shared = self._twin(req)
             filled = None if twin is None else twin.decoder.s.filled
             if twin is None or (filled is not None and filled >= shared):   # no wait past the shared start
-                return k
+                return k, twin, shared
         return None
 
     def _twin(self, req: Request) -> tuple:

@@ -66,10 +66,11 @@ class Grammar:
         return Grammar(_llguidance().LLMatcher.grammar_from_regex(pattern), "regex")
 
     @staticmethod
-    def lark(text: str) -> "Grammar":
+    def lark(text: str, what: str = "lark") -> "Grammar":
+        """Output matching a Lark grammar (llguidance's dialect); ``what`` names it in a refusal."""
         if not isinstance(text, str) or not text.strip():
             raise SwiftkError("lark grammar must be a non-empty string")
-        return Grammar(_llguidance().LLMatcher.grammar_from_lark(text), "lark")
+        return Grammar(_llguidance().LLMatcher.grammar_from_lark(text), what)
 
     def matcher(self, ll_tokenizer) -> "GrammarState":
         """A fresh state of this grammar for one call (the grammar is checked here: an invalid one is refused)."""

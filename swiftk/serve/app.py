@@ -32,7 +32,7 @@ from . import api
 from .api import APIError, Cancelled, as_api_error
 from .decode import DecodeThread, Job
 from .stream import DONE, events, finished, streamer
-from .tools import Tools, parse_tools, split_calls
+from .tools import Tools, calling, parse_tools, split_calls
 
 log = logging.getLogger("swiftk.serve")
 HISTORY_SCOPES = ("server", "key")
@@ -173,7 +173,7 @@ class Server:
                     for job in jobs:   # the client is gone: free the engine at the next token
                         job.cancel.set()
             results = [finished(f.result()) for f in futs]
-            calls = [split_calls(r.text, tools.names) for r in results] if _calling(tools) else None
+            calls = [split_calls(r.text, tools.names) for r in results] if calling(tools) else None
             return JSONResponse(api.response(chat, rid, self.model_name, results, [j.queue_s for j in jobs], n,
                                              self.engine.tokenizer, calls))
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
@@ -194,7 +194,7 @@ class Server:
         tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                             self.engine.tokenizer.chat_template) if chat else None
         grammar = api.grammar_of(req)
-        if _calling(tools) and grammar is not None:
+        if calling(tools) and grammar is not None:
             raise APIError(400, "response_format shapes a message's content; with tools the answer may be tool calls "
                            "instead: send one or the other (or tool_choice: none)", param="response_format")
         return tools, grammar if grammar is not None or tools is None else tools.grammar()
@@ -265,11 +265,6 @@ class Server:
         return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
                                    callback=callback, state=job.state, _cancel=job.cancel, logprobs=job.logprobs,
                                    grammar=job.grammar, **job.sampling, **self.options)
-
-
-def _calling(tools: Optional[Tools]) -> bool:
-    """Whether the model may answer with tool calls (tools given, tool_choice not none)."""
-    return tools is not None and tools.mode != "none"
 
 
 def check_origins(origins: Sequence[str]) -> list:

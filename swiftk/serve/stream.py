@@ -8,7 +8,7 @@ from typing import Optional
 
 from . import api
 from .api import Cancelled, as_api_error
-from .tools import Holdback, Tools
+from .tools import Holdback, Tools, calling
 
 DONE = object()   # a choice's end, queued after its last piece
 
@@ -19,7 +19,7 @@ async def events(name: str, tok, jobs: list, rid: str, chat: bool, futs: list, q
     ends, then usage (when asked) and [DONE]. With tools, a choice's tool calls come whole before its finish."""
     results, left = [None] * len(jobs), len(jobs)
     sent = [[0, 0] for _ in jobs]   # per choice: logprob entries sent, characters sent (completions' offsets)
-    held = [Holdback() for _ in jobs] if tools is not None and tools.mode != "none" else None
+    held = [Holdback() for _ in jobs] if calling(tools) else None
     try:
         if chat:
             for i in range(len(jobs)):

@@ -28,6 +28,11 @@ def template_has_tools(template: Optional[str]) -> bool:
     return bool(template) and "tools" in template and OPEN in template
 
 
+def calling(tools: Optional["Tools"]) -> bool:
+    """Whether the model may answer with tool calls (tools given, tool_choice not none)."""
+    return tools is not None and tools.mode != "none"
+
+
 @dataclass
 class Tools:
     """A chat request's tools, checked: ``specs`` as the template renders them, ``mode`` none/auto/required/named."""
@@ -57,9 +62,9 @@ class Tools:
                               "required": ["name", "arguments"], "additionalProperties": False})
         schema = {"anyOf": calls, "x-guidance": JSON_LAYOUT, **({"$defs": defs} if defs else {})}
         more = ' ("\\n" call)*' if self.parallel else ""
-        g = Grammar.lark(f'start: call{more}\ncall: "{OPEN}\\n" obj "\\n{CLOSE}"\nobj: %json {json.dumps(schema)}')
-        g.what = "the tools' parameters"   # what a refusal names (an invalid schema shows when the call opens)
-        return g
+        # an invalid parameters schema shows when a call opens its matcher: the refusal names the tools
+        return Grammar.lark(f'start: call{more}\ncall: "{OPEN}\\n" obj "\\n{CLOSE}"\nobj: %json {json.dumps(schema)}',
+                            what="the tools' parameters")
 
 
 def parse_tools(tools, tool_choice, parallel: Optional[bool], template: Optional[str]) -> Optional[Tools]:
@@ -74,8 +79,7 @@ def parse_tools(tools, tool_choice, parallel: Optional[bool], template: Optional
         f = t.get("function") if isinstance(t, dict) else None
         if isinstance(f, dict):   # a null description or strict is the field left out
             f = {k: v for k, v in f.items() if v is not None}
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(f, dict) or set(t) - {"type",
-                                                                                                          "function"}:
+        if not isinstance(f, dict) or t.get("type") != "function" or set(t) - {"type", "function"}:
             raise _bad("tools", f"tools.{i} must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
         extra = set(f) - {"name", "description", "parameters", "strict"}
         if extra:
