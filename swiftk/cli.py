@@ -84,18 +84,20 @@ def _main(argv) -> int:
     o.add_argument("--state", help="search state file (default OUT.state.json); an existing one is resumed")
     o.add_argument("--seed", type=int, default=0)
 
-    t = sub.add_parser("train-drafter", help="train the MoA drafter of a model on CPU (features cached, resumable)")
+    t = sub.add_parser("train-drafter", help="train the MoA drafter of a model on CPU (teacher-forced, resumable)")
     t.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
     t.add_argument("--data", action="append", default=None, metavar="SOURCE",
-                   help="'stdlib' (Python's own source), a .jsonl of prompts {text, chat} (the document is the "
-                   "prompt plus the model's greedy answer) or a text file; repeatable (default: stdlib)")
-    t.add_argument("--tokens", type=int, default=100_000, help="corpus size in tokens")
+                   help="'stdlib', 'site-packages' (installed Python sources), 'docs' (prose under /usr/share/doc and "
+                   "package descriptions), a .jsonl of prompts {text, chat} (the document is the prompt plus the "
+                   "model's greedy answer) or a text file; repeatable (default: stdlib, site-packages, docs)")
+    t.add_argument("--tokens", type=int, default=1_000_000, help="corpus size in tokens (5%% held out)")
     t.add_argument("--answer-tokens", type=int, default=128, help="tokens of each generated answer")
     t.add_argument("--out", help="drafter file (default: where generate(method='moa') looks for it)")
-    t.add_argument("--features", help="feature cache directory (default: OUT.features)")
+    t.add_argument("--chunk", type=int, default=384, help="tokens per training chunk")
+    t.add_argument("--reuse", type=int, default=2, help="steps that train on one target pass's features")
     t.add_argument("--tli", type=int, default=0, help="target layers that finish each draft step")
     t.add_argument("--no-lsa", action="store_true", help="ablation: last target layer's K/V instead of LSA")
-    t.add_argument("--steps", type=int, default=1500)
+    t.add_argument("--steps", type=int, default=800)
     t.add_argument("--batch", type=int, default=4, help="chunks per step")
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--seed", type=int, default=0)
@@ -269,11 +271,13 @@ def _optimize(a) -> int:
 
 
 def _train_drafter(a) -> int:
-    from .moa import data, train   # lazy: this subcommand's implementation (imports torch)
+    from .moa import corpus, train   # lazy: this subcommand's implementation (imports torch)
 
-    for name in ("tokens", "answer_tokens", "steps", "batch"):
+    for name in ("tokens", "answer_tokens", "steps", "batch", "reuse"):
         if getattr(a, name) < 1:
             raise SwiftkError(f"--{name.replace('_', '-')} must be >= 1")
+    if a.chunk < 16:
+        raise SwiftkError(f"--chunk must be >= 16, got {a.chunk}")
     if not (a.lr > 0 and a.lr < float("inf")):
         raise SwiftkError(f"--lr must be a finite number > 0, got {a.lr}")
     if a.tli < 0:
@@ -284,16 +288,31 @@ def _train_drafter(a) -> int:
     out = Path(a.out) if a.out else trained_drafter_path(eng)
     out.parent.mkdir(parents=True, exist_ok=True)
     check_output_path(str(out), "--out")
-    feats = Path(a.features) if a.features else out.with_name(out.name + ".features")
-    man = data.extract(eng, feats, a.data or ["stdlib"], a.tokens, max_tli=max(1, a.tli),
-                       answer_tokens=a.answer_tokens, progress=sys.stderr.isatty())
-    rep = train.train(eng, feats, out, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, resume=a.resume,
-                      progress=sys.stderr.isatty(), tli=a.tli, lsa=not a.no_lsa)
+    data = a.data or ["stdlib", "site-packages", "docs"]
+    text = corpus.corpus(eng, data, a.tokens, answer_tokens=a.answer_tokens, progress=sys.stderr.isatty())
+    recipe = {"command": "swiftk " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["train-drafter"] else None,
+              "swiftk": swiftk.__version__, "commit": _commit(), "data": data, "tokens": a.tokens}
+    rep = train.train(eng, text, out, steps=a.steps, batch=a.batch, chunk=a.chunk, reuse=a.reuse, lr=a.lr,
+                      seed=a.seed, resume=a.resume, progress=sys.stderr.isatty(), recipe=recipe, tli=a.tli,
+                      lsa=not a.no_lsa)
     h = rep["held_out"]
     print(f"{out}: {rep['parameters']:,} parameters, TLI {a.tli}{'' if not a.no_lsa else ', no LSA'}; "
-          f"{man['tokens']:,} corpus tokens; trained {rep['train_s']:.0f} s; held-out greedy acceptance by depth "
+          f"{rep['train_tokens_seen']:,} corpus tokens seen in {rep['train_s']:.0f} s "
+          f"({rep['target_s']:.0f} s of target passes); held-out greedy agreement by depth "
           f"{h['acceptance_by_depth']}, implied mean accepted length {h['mean_accepted_length']}")
     return 0
+
+
+def _commit():
+    """The checkout's commit, when swiftk runs from one (the drafter's recipe records it)."""
+    import subprocess   # lazy: only train-drafter records its commit
+
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+                           timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _pull(a) -> int:

@@ -26,10 +26,13 @@ from ..errors import SwiftkError
 from ..home import swiftk_home
 from ..proposers.draft_head import frequent_token_ids
 from ..runtime.ops import reference as R
-from .data import load_features
+from ..runtime.weights import BlockWeight, dense, linear
+from .corpus import chunks as cut_chunks
+from .data import batch_features
 from .model import MoAConfig, MoADrafter, rms, save
 
-HELD_OUT = 0.05
+EVAL_CHUNKS = 24   # held-out chunks the report's agreement is measured on
+_LAYER_TENSORS = ("attn_norm", "wqkv", "bqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
 
 
 def offset_probs(K: int) -> torch.Tensor:
@@ -38,22 +41,28 @@ def offset_probs(K: int) -> torch.Tensor:
 
 
 class Frozen:
-    """The target pieces training needs, as plain float32 tensors (autograd flows through, never into them)."""
+    """The target pieces training needs, as plain float32 tensors (autograd flows through, never into them):
+    block-format (GGUF) weights are de-quantized, so the drafter learns the numerical model it will draft for."""
 
-    def __init__(self, model, tli: int):
+    def __init__(self, model, tli: int, head_ids: torch.Tensor):
         c = model.cfg
-        if model.weights is not None or model.dtype != torch.float32:
-            raise SwiftkError("train the drafter on the float32 target (load without weights=...)")
-        self.cfg, self.tli = c, tli
-        self.embed = model.embed.clone()
-        self.lm_head = self.embed if model.lm_head is model.embed else model.lm_head.clone()  # tied: one copy
-        self.norm = model.norm.clone()
-        self.layers = [{k: (None if v is None else v.clone()) for k, v in vars(model.layers[i]).items()}
+        if model.dtype != torch.float32 or model.device.type != "cpu":
+            raise SwiftkError("train the drafter on the CPU float32 target (dtype='float32', device='cpu')")
+        self.model, self.cfg, self.tli = model, c, tli
+        head = model.lm_head
+        self.head = (head.rows(head_ids) if isinstance(head, BlockWeight) else dense(head[head_ids])).float()
+        self.norm = model.norm.float().clone()
+        self.layers = [{k: (None if v is None else dense(v).float().clone()) for k, v in vars(model.layers[i]).items()
+                        if k in _LAYER_TENSORS}
                        for i in range(c.n_layers - tli, c.n_layers)]
         self.inv_freq = model.inv_freq.clone()
 
+    def embed(self, tokens):
+        return self.model.embed_rows(tokens.reshape(-1)).float().reshape(tokens.shape + (-1,))
+
     def logits(self, x):
-        return x @ self.lm_head.T
+        """The target's own logits over the whole vocabulary (its kernels: the greedy token it will emit)."""
+        return linear(x.reshape(-1, x.shape[-1]).contiguous(), self.model.lm_head).reshape(x.shape[:-1] + (-1,))
 
     def finish(self, h, kv, layer0: int):
         """Residual h [B, T, D] entering layer ``layer0`` -> final-normed hidden, through the frozen last layers
@@ -95,7 +104,7 @@ def _loss(drafter, frozen: Frozen, batch: dict, offsets, reg_weight: float, head
     """-> (loss, kl, reg, predicted final-normed hidden, true final-normed hidden). The KL is over the rows of
     ``head`` (the draft vocabulary the drafter's logits are read from at generation), renormalized."""
     tli = drafter.cfg.tli
-    emb = frozen.embed[batch["tokens"].long()]
+    emb = frozen.embed(batch["tokens"])
     kv = batch["kv"].float()
     pred = drafter.forward_train(emb, kv, offsets)
     target_x = batch["final"].float()
@@ -115,24 +124,23 @@ def _loss(drafter, frozen: Frozen, batch: dict, offsets, reg_weight: float, head
 
 
 @torch.no_grad()
-def evaluate(drafter, frozen: Frozen, feats: dict, idx: list, head_ids: torch.Tensor, max_depth: int = 4) -> dict:
+def evaluate(drafter, frozen: Frozen, feats: list, head_ids: torch.Tensor, max_depth: int = 4) -> dict:
     """Held-out estimate: how often the drafter's top-1 (over the draft vocabulary) is the target's top-1 (over
-    the full vocabulary) -- the greedy acceptance rate of a draft token -- per offset k (depth k - 1 past the last
-    verified token), and the mean accepted length of a greedy chain of ``max_depth`` drafts implied by them
-    (1 + a1 + a1*a2 + ...)."""
+    the full vocabulary, by its own kernels) -- the greedy acceptance rate of a draft token -- per offset k (depth
+    k - 1 past the last verified token), and the mean accepted length of a greedy chain of ``max_depth`` drafts
+    implied by them (1 + a1 + a1*a2 + ...). ``feats``: one feature dict per held-out chunk."""
     drafter.eval()
-    head = frozen.lm_head[head_ids]
     acc = []
+    wants = [frozen.logits(b["final"]).argmax(-1) for b in feats]
     for k in range(1, max_depth + 1):
         hit = n = 0
-        for i in idx:
-            b = {name: t[i:i + 1] for name, t in feats.items()}
-            off = torch.full(b["tokens"].shape, k, dtype=torch.long)
-            _, _, _, xhat, x = _loss(drafter, frozen, b, off, 0.0, head)
-            mine = head_ids[(xhat @ head.T).argmax(-1)]
-            want = frozen.logits(x).argmax(-1)
-            hit += int((mine == want)[:, k:].sum())   # rows that see at least one verified state
-            n += mine.shape[1] - k
+        for b, want in zip(feats, wants):
+            b1 = {name: t[None] for name, t in b.items()}
+            off = torch.full(b1["tokens"].shape, k, dtype=torch.long)
+            _, _, _, xhat, _ = _loss(drafter, frozen, b1, off, 0.0, frozen.head)
+            mine = head_ids[(xhat[0] @ frozen.head.T).argmax(-1)]
+            hit += int((mine == want)[k:].sum())   # rows that see at least one verified state
+            n += mine.shape[0] - k
         acc.append(hit / max(n, 1))
     drafter.train()
     m, surv = 1.0, 1.0
@@ -180,61 +188,72 @@ def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
     return step
 
 
-def train(eng, features_dir, out, *, steps: int = 1500, batch: int = 4, lr: float = 2e-3, reg_weight: float = 1.0,
-          vocab: int = 8192, seed: int = 0, resume: bool = False, ckpt_every: int = 100, progress: bool = True,
-          **drafter_options) -> dict:
-    """Train a drafter on the features in ``features_dir``; write it to ``out`` (safetensors). ``vocab``: the KL
-    runs over this many frequent tokens (the default draft vocabulary; 0 = the full vocabulary). Returns a
-    report (held-out acceptance estimate, time, sizes)."""
+def train(eng, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: int = 384, lr: float = 2e-3,
+          reg_weight: float = 1.0, vocab: int = 8192, seed: int = 0, resume: bool = False, ckpt_every: int = 100,
+          reuse: int = 2, progress: bool = True, recipe: dict = None, **drafter_options) -> dict:
+    """Train a drafter on ``corpus`` (moa.corpus.corpus: token ids, train and held-out), teacher-forced online: each
+    ``reuse`` steps run the target over ``batch`` chunks of ``chunk`` tokens and train on their features (each
+    step draws its own offsets; the target pass costs ~3x a drafter step, so a batch is reused). Writes the drafter
+    to ``out`` (safetensors) with the report and ``recipe`` in its metadata. ``vocab``: the draft vocabulary (this
+    many frequent tokens; the KL runs over them; 0 = the full vocabulary). Returns the report (held-out agreement
+    by depth, time, sizes)."""
     torch.set_flush_denormal(True)   # softmax gradients underflow to denormals: 25x slower matmuls without this
     try:
-        return _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every,
-                      progress, drafter_options)
+        return _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every,
+                      reuse, progress, recipe or {}, drafter_options)
     finally:
         torch.set_flush_denormal(False)
 
 
-def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, resume, ckpt_every, progress,
-           drafter_options) -> dict:
+def _batches(n_chunks: int, batch: int, seed: int, step: int) -> list:
+    """The chunks of step ``step``: epochs of seeded permutations, so a resumed run draws what it would have."""
+    per_epoch = max(1, n_chunks // batch)
+    epoch, i = divmod(step, per_epoch)
+    perm = torch.randperm(n_chunks, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return perm[i * batch:(i + 1) * batch].tolist()
+
+
+def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every, reuse, progress,
+           recipe, drafter_options) -> dict:
     out = Path(out)
-    feats = load_features(features_dir)
-    C = feats["tokens"].shape[0]
+    train_rows, held_rows = cut_chunks(corpus["train"], chunk), cut_chunks(corpus["held_out"], chunk)[:EVAL_CHUNKS]
+    if len(train_rows) < batch or len(held_rows) < 1:
+        raise SwiftkError(f"corpus too small: {len(train_rows)} training and {len(held_rows)} held-out chunks of "
+                          f"{chunk} tokens (need {batch} and 1); give more --tokens or --data")
     cfg = MoAConfig.for_target(eng.config, **drafter_options)
-    if cfg.tli and f"resid{cfg.tli}" not in feats:
-        raise SwiftkError(f"features in {features_dir} have no residuals for tli={cfg.tli}; re-extract with "
-                          f"max_tli >= {cfg.tli}")
-    n_eval = max(1, int(C * HELD_OUT))
-    train_idx, eval_idx = list(range(C - n_eval)), list(range(C - n_eval, C))
     torch.manual_seed(seed)
     drafter = MoADrafter(cfg)
-    frozen = Frozen(eng.model, cfg.tli)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    meta = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "steps": steps, "batch": batch,
-            "lr": lr, "reg_weight": reg_weight, "vocab": vocab, "seed": seed, "chunks": C}
-    ckpt = out.with_name(out.name + ".ckpt")
-    step = _load_ckpt(ckpt, drafter, opt, meta) if resume and ckpt.is_file() else 0
-    probs = offset_probs(cfg.max_offset)
     V = eng.config.vocab_size
     head_ids = (frequent_token_ids(eng.tokenizer, vocab, cache_dir=swiftk_home() / "draft_vocab",
                                    model_name=str(eng.identity.get("name") or "model"))
                 if 0 < vocab < V else torch.arange(V))
-    head = frozen.lm_head[head_ids]
+    frozen = Frozen(eng.model, cfg.tli, head_ids)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    meta = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "steps": steps, "batch": batch,
+            "chunk": chunk, "reuse": reuse, "lr": lr, "reg_weight": reg_weight, "vocab": vocab, "seed": seed,
+            "corpus": corpus["spec"]}
+    ckpt = out.with_name(out.name + ".ckpt")
+    step = _load_ckpt(ckpt, drafter, opt, meta) if resume and ckpt.is_file() else 0
+    probs = offset_probs(cfg.max_offset)
     bar = None
     if progress:
-        from tqdm import tqdm   # lazy: only for a progress bar
+        from tqdm import tqdm   # lazy: only for a progress bar (its rate and ETA)
 
-        bar = tqdm(total=steps, initial=step, desc=f"train drafter (tli={cfg.tli})", unit="step")
-    t0, history = time.perf_counter(), []
+        bar = tqdm(total=steps, initial=step, desc=f"train drafter (tli={cfg.tli}, {batch}x{chunk} tokens a step)",
+                   unit="step")
+    t0, history, t_target, b = time.perf_counter(), [], 0.0, None
     drafter.train()
     while step < steps:
+        if b is None or step % reuse == 0:
+            t = time.perf_counter()
+            b = batch_features(eng.model, train_rows[_batches(len(train_rows), batch, seed, step // reuse)], cfg.tli)
+            t_target += time.perf_counter() - t
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        pick = [train_idx[i] for i in torch.randint(len(train_idx), (batch,), generator=g).tolist()]
-        b = {k: v[pick] for k, v in feats.items()}
         offsets = torch.multinomial(probs, b["tokens"].numel(), replacement=True, generator=g).view(
             b["tokens"].shape) + 1
         for grp in opt.param_groups:   # warm-up, then cosine
             grp["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss, kl, reg, _, _ = _loss(drafter, frozen, b, offsets, reg_weight, head)
+        loss, kl, reg, _, _ = _loss(drafter, frozen, b, offsets, reg_weight, frozen.head)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -250,10 +269,12 @@ def _train(eng, features_dir, out, steps, batch, lr, reg_weight, vocab, seed, re
     if bar is not None:
         bar.close()
     train_s = time.perf_counter() - t0
-    report = {"held_out": evaluate(drafter, frozen, feats, eval_idx, head_ids), "vocab": len(head_ids), "train_s": round(train_s, 1),
-              "steps": steps, "batch": batch, "chunk_tokens": int(feats["tokens"].shape[1]),
-              "train_tokens": len(train_idx) * int(feats["tokens"].shape[1]),
-              "held_out_tokens": n_eval * int(feats["tokens"].shape[1]), "parameters": drafter.n_params(),
-              "history": history}
+    held = [{k: v[0] for k, v in batch_features(eng.model, held_rows[i:i + 1], cfg.tli).items()}
+            for i in range(len(held_rows))]
+    report = {"held_out": evaluate(drafter, frozen, held, head_ids), "vocab": len(head_ids),
+              "train_s": round(train_s, 1), "target_s": round(t_target, 1), "steps": steps, "batch": batch,
+              "chunk_tokens": chunk, "train_tokens_seen": -(-steps // reuse) * batch * chunk,
+              "corpus_train_tokens": len(train_rows) * chunk, "held_out_tokens": len(held_rows) * chunk,
+              "parameters": drafter.n_params(), "history": history, "recipe": recipe}
     save(out, drafter, eng.identity, report)
     return report
