@@ -294,6 +294,7 @@ def _train_drafter(a) -> int:
               "swiftk": swiftk.__version__, "commit": _commit(), "data": data, "tokens": a.tokens}
     rep = train.train(eng, text, out, steps=a.steps, batch=a.batch, chunk=a.chunk, reuse=a.reuse, lr=a.lr,
                       seed=a.seed, resume=a.resume, progress=sys.stderr.isatty(), recipe=recipe, tli=a.tli,
+                      log=None if sys.stderr.isatty() else (lambda line: print(line, file=sys.stderr, flush=True)),
                       lsa=not a.no_lsa)
     h = rep["held_out"]
     print(f"{out}: {rep['parameters']:,} parameters, TLI {a.tli}{'' if not a.no_lsa else ', no LSA'}; "

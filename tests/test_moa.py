@@ -161,36 +161,79 @@ def test_moa_drafts_that_match_get_accepted(eng, tmp_path, monkeypatch):
     assert s["accepted_by_source"]["draft"] == s["accepted_tokens"] > 20
 
 
-def test_train_extract_resume_and_cli(eng, tiny_dir, tmp_path, monkeypatch):
-    from swiftk.cli import main
-    from swiftk.moa import data, train
+def test_greedy_draft_ranks_the_draft_vocabulary_only(eng, tmp_path, monkeypatch):
+    """With a draft vocabulary a greedy MoA step scores its rows only (no vocabulary-long vector), its candidates
+    are ids of that vocabulary, and the output stays the target's."""
+    import swiftk.proposers.draft_loop as DL
 
-    text = tmp_path / "corpus.txt"
-    text.write_text(" ".join(f"w{(i * i + 3 * i) % 61}" for i in range(3000)))
-    man = data.extract(eng, tmp_path / "f", [str(text)], 2000, chunk=64, max_tli=1, progress=False)
-    assert man["chunks"] == 2000 // 64
-    feats = data.load_features(tmp_path / "f")
-    assert feats["kv"].shape[1:] == (64, eng.config.n_layers, 2 * eng.config.n_kv_heads * eng.config.head_dim)
-    # the stored final-normed hidden state gives the model's own logits
-    ids = feats["tokens"][3].tolist()
+    save(tmp_path / "d.safetensors", _random_drafter(eng, seed=5), eng.identity)
+    load_drafter(eng, tmp_path / "d.safetensors")
+    V, seen, real = eng.config.vocab_size, [], DL.draft_level
+
+    def spy(logits, sampler, pos, bins, kmax, rejection, vocab_ids=None):
+        level, conf = real(logits, sampler, pos, bins, kmax, rejection, vocab_ids)
+        seen.append((logits.shape[-1], vocab_ids is not None and set(level.tokens) <= set(vocab_ids.tolist())))
+        return level, conf
+
+    monkeypatch.setattr(DL, "draft_level", spy)
+    ar = eng.generate(_prompt(), max_new_tokens=30, method="autoregressive").token_ids
+    out = eng.generate(_prompt(), max_new_tokens=30, method="moa", speculate="always", draft_vocab=V // 4)
+    assert out.token_ids == ar
+    assert seen and all(n < V and ok for n, ok in seen), seen[:5]
+
+
+def test_features_corpus_train_resume_and_cli(eng, tiny_dir, tmp_path, monkeypatch):
+    from swiftk.cli import main
+    from swiftk.moa import corpus, data, train
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for k in range(40):   # 40 documents: the held-out split (one in 20, by name) gets some
+        (docs / f"d{k}.txt").write_text(" ".join(f"w{(i * i + 3 * i + k) % 61}" for i in range(120)))
+    sources = [str(p) for p in sorted(docs.iterdir())]
+    text = corpus.corpus(eng, sources, 100_000, progress=False)
+    assert len(text["held_out"]) > 0 and len(text["train"]) > 10 * len(text["held_out"])
+    again = corpus.corpus(eng, sources, 100_000, progress=False)   # read from the cache, the same ids
+    assert again["path"] == text["path"] and (again["train"] == text["train"]).all()
+    # the features' final-normed hidden state gives the model's own logits; kv is what the cache holds
+    ids = corpus.chunks(text["train"], 32)[3].tolist()
+    f = data.chunk_features(eng.model, ids)
+    assert f["kv"].shape == (32, eng.config.n_layers, 2 * eng.config.n_kv_heads * eng.config.head_dim)
     ref = eng.logits(ids)
-    got = feats["final"][3].float() @ eng.model.lm_head.T
-    assert (ref.argmax(-1) == got.argmax(-1)).float().mean() > 0.95
-    kw = dict(steps=40, batch=4, vocab=0, progress=False, d=32, heads=2, mlp=64, lsa_dim=16, ckpt_every=20)
-    rep = train.train(eng, tmp_path / "f", tmp_path / "a.safetensors", **kw)
+    assert torch.equal(ref.argmax(-1), (f["final"] @ eng.model.lm_head.T).argmax(-1))
+    kw = dict(steps=40, batch=4, chunk=32, vocab=0, progress=False, d=32, heads=2, mlp=64, lsa_dim=16,
+              ckpt_every=20)
+    rep = train.train(eng, text, tmp_path / "a.safetensors", **kw)
     first, last = rep["history"][0], rep["history"][-1]
     assert rep["steps"] == 40 and len(rep["held_out"]["acceptance_by_depth"]) == 4
+    assert rep["train_tokens_seen"] == 20 * 4 * 32   # each target pass's features train two steps
     # resuming from the step-40 checkpoint with the same settings runs no more steps and gives the same drafter
     (tmp_path / "b.safetensors.ckpt").write_bytes((tmp_path / "a.safetensors.ckpt").read_bytes())
-    rep2 = train.train(eng, tmp_path / "f", tmp_path / "b.safetensors", resume=True, **kw)
+    rep2 = train.train(eng, text, tmp_path / "b.safetensors", resume=True, **kw)
     assert rep2["held_out"] == rep["held_out"]
     with pytest.raises(SwiftkError, match="other settings"):
-        train.train(eng, tmp_path / "f", tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
+        train.train(eng, text, tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
+    # a run interrupted after its step-20 checkpoint and resumed ends where the uninterrupted one did
+    save_ckpt = train._save_ckpt
+
+    def interrupt(path, drafter, opt, step, meta):
+        save_ckpt(path, drafter, opt, step, meta)
+        if step == 20:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "_save_ckpt", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(eng, text, tmp_path / "c.safetensors", **kw)
+    monkeypatch.setattr(train, "_save_ckpt", save_ckpt)
+    assert not (tmp_path / "c.safetensors").exists()
+    assert train.train(eng, text, tmp_path / "c.safetensors", resume=True, **kw)["held_out"] == rep["held_out"]
     assert last[1] < first[1], rep["history"]   # the KL falls
+    with pytest.raises(SwiftkError, match="corpus too small"):
+        train.train(eng, corpus.corpus(eng, sources[:2], 1000, progress=False), tmp_path / "x.safetensors", **kw)
     # the CLI writes where generate(method="moa") looks, and the engine then finds it
-    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
-    assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(text), "--tokens", "1000",
-                 "--steps", "3"]) == 0
+    assert main(["train-drafter", "--model", str(tiny_dir), "--tokens", "20000", "--chunk", "32", "--steps", "3"]
+                + [a for s in sources for a in ("--data", s)]) == 0
     e = swiftk.load(str(tiny_dir), persist=False)
     assert drafter_path(e).is_file()
     out = e.generate("w1 w2 w3", max_new_tokens=8, method="moa")

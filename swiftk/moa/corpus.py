@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import site
 import zlib
 from html.parser import HTMLParser
@@ -172,9 +173,13 @@ def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progre
         bar.close()
     out = {k: np.concatenate(v) if v else np.zeros(0, np.uint32) for k, v in parts.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(out, str(tmp), metadata={"spec": json.dumps(spec)})
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(out, str(tmp), metadata={"spec": json.dumps(spec)})
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return {**out, "spec": spec, "path": str(path)}
 
 

@@ -44,7 +44,7 @@ def load_drafter(engine, path=None) -> MoARunner:
 
 class MoA(Method):
     """Free drafts + a small trained drafter on the target's KV cache (experimental)."""
-    name, one_at_a_time = "moa", True
+    name = "moa"
 
     def build(self, engine, cfg) -> None:
         if engine.resource("drafter") is None:
@@ -52,15 +52,23 @@ class MoA(Method):
         engine.draft_head(cfg.draft_vocab)
 
     def drafter(self, engine, state, cfg, fixed, slot: int = 0):
-        return MoADraft(engine.resource("drafter"), state, engine.draft_head(cfg.draft_vocab, slot), engine.costs)
+        first = engine.resource("drafter")   # slot 0's; calls on other batch slots keep their state apart
+        runner = first if not slot else engine.resource(("drafter", slot), first.twin)
+        if runner.drafter is not first.drafter:   # a drafter loaded since this slot's twin was made
+            runner = first.twin()
+            engine.set_resource(("drafter", slot), runner)
+        return MoADraft(runner, state, engine.draft_head(cfg.draft_vocab, slot), engine.costs)
 
 
 class MoADraft(ModelDrafter):
     """The MoA drafter behind the model-drafter protocol the round uses."""
 
+    CATCH_UP = 16   # verified positions behind: the prompt's (or a long rest's) catch-up, not a draft's cost
+
     def __init__(self, runner: MoARunner, state, head, costs):
         super().__init__(state, head)
         self.runner, self.costs = runner, costs
+        self.caught_up = False
         runner.reset()
 
     def step_cost(self) -> float:
@@ -68,12 +76,16 @@ class MoADraft(ModelDrafter):
         return self.runner.step_s if self.runner.step_s is not None else 0.2 * (self.costs.step or 1.0)
 
     def observe_cost(self, seconds_per_step: float) -> None:
+        if self.caught_up:   # this round also ingested a backlog (a prompt's states): not what a draft step costs
+            self.caught_up = False
+            return
         self.runner.step_s = ema(self.runner.step_s, seconds_per_step)   # kept with the drafter (engine lifetime)
 
     def propose(self, dc) -> list:
         if not dc.gate.should_draft():
             return []
+        self.caught_up = dc.cache.length - self.runner.n > self.CATCH_UP
         head = self._head(dc.tokens)
         return moa_draft(dc.model, dc.cache, self.runner, dc.tokens[:-1], dc.tokens[-1], dc.sampler, dc.gate,
                          self.calibrate, self.step_cost(), max_draft=dc.max_draft, max_spine=dc.max_spine,
-                         topk_bins=dc.bins, head=None if head is None else head.logits_full, rejection=dc.rejection)
+                         topk_bins=dc.bins, head=head, rejection=dc.rejection)

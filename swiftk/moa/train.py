@@ -190,17 +190,18 @@ def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
 
 def train(eng, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: int = 384, lr: float = 2e-3,
           reg_weight: float = 1.0, vocab: int = 8192, seed: int = 0, resume: bool = False, ckpt_every: int = 100,
-          reuse: int = 2, progress: bool = True, recipe: dict = None, **drafter_options) -> dict:
+          reuse: int = 2, progress: bool = True, log=None, recipe: dict = None, **drafter_options) -> dict:
     """Train a drafter on ``corpus`` (moa.corpus.corpus: token ids, train and held-out), teacher-forced online: each
     ``reuse`` steps run the target over ``batch`` chunks of ``chunk`` tokens and train on their features (each
     step draws its own offsets; the target pass costs ~3x a drafter step, so a batch is reused). Writes the drafter
     to ``out`` (safetensors) with the report and ``recipe`` in its metadata. ``vocab``: the draft vocabulary (this
     many frequent tokens; the KL runs over them; 0 = the full vocabulary). Returns the report (held-out agreement
-    by depth, time, sizes)."""
+    by depth, time, sizes). ``progress``: a progress bar with its ETA; ``log``: else a callable given a line with
+    the step, rate and ETA every 5% of the run (for a log file)."""
     torch.set_flush_denormal(True)   # softmax gradients underflow to denormals: 25x slower matmuls without this
     try:
         return _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every,
-                      reuse, progress, recipe or {}, drafter_options)
+                      reuse, progress, log, recipe or {}, drafter_options)
     finally:
         torch.set_flush_denormal(False)
 
@@ -214,7 +215,7 @@ def _batches(n_chunks: int, batch: int, seed: int, step: int) -> list:
 
 
 def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every, reuse, progress,
-           recipe, drafter_options) -> dict:
+           log, recipe, drafter_options) -> dict:
     out = Path(out)
     train_rows, held_rows = cut_chunks(corpus["train"], chunk), cut_chunks(corpus["held_out"], chunk)[:EVAL_CHUNKS]
     if len(train_rows) < batch or len(held_rows) < 1:
@@ -233,7 +234,7 @@ def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, r
             "chunk": chunk, "reuse": reuse, "lr": lr, "reg_weight": reg_weight, "vocab": vocab, "seed": seed,
             "corpus": corpus["spec"]}
     ckpt = out.with_name(out.name + ".ckpt")
-    step = _load_ckpt(ckpt, drafter, opt, meta) if resume and ckpt.is_file() else 0
+    step = start = _load_ckpt(ckpt, drafter, opt, meta) if resume and ckpt.is_file() else 0
     probs = offset_probs(cfg.max_offset)
     bar = None
     if progress:
@@ -264,6 +265,10 @@ def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, r
             bar.set_postfix(kl=f"{kl.item():.3f}", reg=f"{reg.item():.3f}")
         if step == 1 or step % max(1, steps // 20) == 0:
             history.append((step, round(kl.item(), 4), round(reg.item(), 4)))
+            if log is not None:
+                el = time.perf_counter() - t0
+                log(f"step {step}/{steps}: kl {kl.item():.3f}, {el / 60:.1f} min, "
+                    f"ETA {el / (step - start) * (steps - step) / 60:.1f} min")
         if step % ckpt_every == 0 or step == steps:
             _save_ckpt(ckpt, drafter, opt, step, meta)
     if bar is not None:

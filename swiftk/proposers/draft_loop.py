@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SwiftkError
 from ..runtime.sampling import sample_without_replacement
 from .base import DraftLevel, calibration_bin, k_for_confidence
 
@@ -77,17 +78,18 @@ def draft(model, cache, root_token: int, skip, sampler, gate, calibrate, step_s:
 
 
 def draft_chain(step, n: int, root_token: int, sampler, gate, calibrate, step_s: float, *, max_draft: int,
-                max_spine: int, topk_bins, rejection: bool = False) -> list:
+                max_spine: int, topk_bins, rejection: bool = False, vocab_ids=None) -> list:
     """The draft loop every model drafter shares (layer skip, MoA): ``step(token, j)`` runs the drafter on the
     spine token at depth j (position n + j) and returns (logits [V] for the next token, the boundary residual or
-    None); candidates are ranked per depth and the gate decides after each one whether to draft another."""
+    None); candidates are ranked per depth and the gate decides after each one whether to draft another.
+    ``vocab_ids`` (greedy only): the logits are over these token ids, a draft vocabulary, not the whole one."""
     levels = []
     cur = root_token
     kmax = max(k for _, k in topk_bins)
     surv, tokens = 1.0, 1.0   # chain survival and expected emitted tokens so far (the gate's bookkeeping)
     for j in range(min(max_draft, max_spine)):
         logits, hidden = step(cur, j)
-        level, conf = draft_level(logits, sampler, n + j + 1, topk_bins, kmax, rejection)
+        level, conf = draft_level(logits, sampler, n + j + 1, topk_bins, kmax, rejection, vocab_ids)
         level.hidden = hidden
         levels.append(level)
         a = calibrate(conf)
@@ -99,15 +101,21 @@ def draft_chain(step, n: int, root_token: int, sampler, gate, calibrate, step_s:
     return levels
 
 
-def draft_level(logits: torch.Tensor, sampler, pos: int, topk_bins, kmax: int, rejection: bool) -> tuple:
+def draft_level(logits: torch.Tensor, sampler, pos: int, topk_bins, kmax: int, rejection: bool,
+                vocab_ids=None) -> tuple:
     """Draft logits [V] for the token at position ``pos`` -> (DraftLevel of candidates, top-1 confidence).
-    Shared by every drafter (layer skip, MoA): how candidates are ranked decides what sampling acceptance needs."""
+    Shared by every drafter (layer skip, MoA): how candidates are ranked decides what sampling acceptance needs.
+    ``vocab_ids``: see :func:`draft_chain`."""
     if sampler.greedy:
         top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), kmax)
+        if vocab_ids is not None:
+            top_i = vocab_ids[top_i]
         top_p, top_i = top_p.tolist(), top_i.tolist()      # one small host read per step
         conf = top_p[0]
         k = k_for_confidence(conf, topk_bins)
         return DraftLevel(tokens=top_i[:k], probs=top_p[:k]), conf
+    if vocab_ids is not None:
+        raise SwiftkError("a draft over a subset of the vocabulary ranks greedily only")
     q = sampler.sp.probs(logits)
     if rejection:
         conf = float(q.max())
