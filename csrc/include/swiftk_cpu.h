@@ -139,6 +139,52 @@ SWIFTK_API int swk_set_threads(int n);
 /* Worker threads the pool has started (regions from every host thread share them). */
 SWIFTK_API int swk_pool_workers(void);
 
+/* Token Recycling's update in one call: the top k of rows rows[m] of x[N, V] (float32, swk_topk_rows' order) go,
+ * as int32, to row table_rows[m] of table[T, k] (m in order: a token read twice keeps its later row). 0, or -1 on
+ * bad arguments, an index out of range or no memory (nothing written). */
+SWIFTK_API int swk_topk_into(const float* x, int64_t N, int64_t V, const int64_t* rows, int64_t M, int k,
+                             int32_t* table, int64_t T, const int64_t* table_rows);
+
+/* The corpus n-gram chain (kernels/cpu/cpu_ngram.cpp): tables[4 (n - 1) + f] for n = 1..max_n are keys, next
+ * token, its count and the key's count (int64, sorted keys, lens[n - 1] entries; `bits` bits a token); ctx the last
+ * nctx <= max_n tokens; prob[nbuckets] the estimate per bucket, or NULL. Writes up to k tokens and their buckets
+ * and returns how many (-1 on bad arguments); with prob it stops before a token whose chain value falls under
+ * `floor` (the first token always stays). */
+SWIFTK_API int swk_ngram_propose(const int64_t* const* tables, const int64_t* lens, int max_n, int bits,
+                                 const int64_t* ctx, int nctx, int k, const double* prob, int nbuckets, double floor,
+                                 int64_t* out_tok, int32_t* out_bucket);
+
+/* GGUF blocks (kernels/cpu/cpu_quant.cpp): the elements per block and bytes per block of ggml type `type` (-1 for
+ * a type the library does not handle), and the SIMD width the build was compiled for (512, 256 or 0). */
+SWIFTK_API int swk_q_block_size(int type);
+SWIFTK_API int swk_q_type_size(int type);
+SWIFTK_API int swk_q_isa(void);
+
+/* out[n] (float32) = the n elements that `blocks` of ggml type `type` hold; n a multiple of the block size.
+ * 0; -1 bad pointer or size; -2 unknown type; -3 n not a multiple of the block size. */
+SWIFTK_API int swk_q_dequant(int type, const void* blocks, int64_t n, float* out);
+
+/* y[M, N] (row stride ldy >= N) = x[M, K] @ W^T for W [N, K] in ggml type `type`'s blocks, float32 activations;
+ * type | SWK_Q_INT8_ACT: int8 activations on rows packed by swk_qi_repack (swk_qi_linear_ld). swk_q_linear: ldy = N.
+ * Return codes as swk_q_dequant's, plus -4 out of memory (y incomplete). */
+SWIFTK_API int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                               int64_t ldy);
+SWIFTK_API int swk_q_linear(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y);
+
+/* Int8 activations (kernels/cpu/cpu_qdot.cpp): the matmul on repacked rows, its scalar reference (the same bits),
+ * the activation quantizer (q [M, K] int8, d [M, K / 32] float32 scales; simd 0: the reference path), the SIMD
+ * level built (3 AVX-512, 2 VNNI, 1 AVX2, 0 none), the repacking of a [N, K] matrix, and the unpacking of rows
+ * ids[n] of a repacked matrix back to the file's layout. Return codes as swk_q_linear_ld's. */
+SWIFTK_API int swk_qi_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                                int64_t ldy);
+SWIFTK_API int swk_qi_linear_ref(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N, float* y,
+                                 int64_t ldy);
+SWIFTK_API int swk_qi_quantize(const float* x, int64_t M, int64_t K, int simd, int8_t* q, float* d);
+SWIFTK_API int swk_qi_isa(void);
+SWIFTK_API int swk_qi_repack(int type, const void* src, int64_t N, int64_t K, void* dst);
+SWIFTK_API int swk_qi_unpack_rows(int type, const void* packed, int64_t N, int64_t K, const int64_t* ids, int64_t n,
+                                  void* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,6 +152,10 @@ void run(const float* x, int64_t M, int64_t K, const char* w, const float* scale
 
 }  // namespace
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // y[M, N] (float32, row-major) = x[M, K] (float32, row-major) @ W[N, K]^T, W row-major of type wt (0 float32,

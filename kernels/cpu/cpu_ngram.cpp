@@ -21,6 +21,10 @@ inline int64_t find_key(const int64_t* keys, int64_t n, int64_t key) {
 
 }  // namespace
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // tables[4 * (n - 1) + f] for n = 1 .. max_n: keys, next token, its count, the key's count (int64, sorted keys),

@@ -137,6 +137,10 @@ void run(int64_t n, int nt, range_fn fn, void* ctx) {
 
 }  // namespace swk_pool
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // The thread count of the kernels' regions that take none from their caller (swk_layers and swk_linear take

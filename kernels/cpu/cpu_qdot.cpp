@@ -32,6 +32,10 @@ int run(const float* x, int64_t M, int64_t K, const void* w, int type, int64_t N
 
 }  // namespace
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // 3 (AVX-512 VNNI: small passes on 512-bit vectors), 2 (256-bit vpdpbusd), 1 (AVX2), 0 (portable): this build's path.

@@ -515,6 +515,10 @@ void dequant(const uint8_t* blocks, int64_t n, float* out) {
 
 }  // namespace
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // kernels/cpu/cpu_qdot.cpp, linked into the same library: the same matmul with int8 activations

@@ -112,6 +112,10 @@ void topk(const float* x, const int64_t* rows, int64_t M, int64_t V, int k, int6
 
 }  // namespace
 
+#if __has_include("swiftk_cpu.h")   // the public declarations: the compiler checks the definitions against them
+#include "swiftk_cpu.h"
+#endif
+
 extern "C" {
 
 // out[M, k] int64 = indices of the k largest of each row of x[M, V] (row-major, float32), in the order above;
