@@ -38,23 +38,27 @@ def main(argv=None) -> int:
     e = swiftk.load(a.model, persist=False)
     text = C.corpus(e, ["stdlib", "site-packages", "docs"], a.tokens, progress=False)
     ids = frequent_token_ids(e.tokenizer, 8192, model_name=str(e.identity.get("name") or "model"))
-    frozen = T.Frozen(e.model, 0, ids)
+    drafters = {lb: load(path, e.config) for lb, _, path in pairs}
+    max_tli = max(d.cfg.tli for d, _ in drafters.values())
 
     def feats(rows):
-        return [{k: v[0] for k, v in D.batch_features(e.model, rows[i:i + 1]).items()} for i in range(len(rows))]
+        return [{k: v[0] for k, v in D.batch_features(e.model, rows[i:i + 1], max_tli).items()}
+                for i in range(len(rows))]
 
     held = feats(C.chunks(text["held_out"], 384)[: a.chunks])
     seen = feats(C.chunks(text["train"], 384)[:8])
     res = {}
     for lb, _, path in pairs:
-        d, extra = load(path, e.config)
+        d, extra = drafters[lb]
+        frozen = T.Frozen(e.model, d.cfg.tli, ids)
         res[lb] = {"path": path, "held_out": T.evaluate(d, frozen, held, ids, 4),
                    "training_chunks": T.evaluate(d, frozen, seen, ids, 1),
                    "trained": {k: extra.get(k) for k in ("train_tokens_seen", "train_tokens", "steps", "train_s",
                                                          "recipe")}}
         print(f"{lb}: held-out {res[lb]['held_out']['acceptance_by_depth']}, training chunks "
               f"{res[lb]['training_chunks']['acceptance_by_depth']}")
-    path = Path(a.out) / f"drafter_agreement_{a.model}_{time.strftime('%Y%m%d-%H%M%S')}.json"
+    model = Path(a.model).name.removesuffix(".gguf")
+    path = Path(a.out) / f"drafter_agreement_{model}_{time.strftime('%Y%m%d-%H%M%S')}.json"
     write_json_atomic(path, {"args": vars(a), "machine": machine_info(e.device, torch.get_num_threads()),
                              "held_out_tokens": len(held) * 384, "results": res})
     print(f"wrote {path}")

@@ -214,20 +214,30 @@ def test_features_corpus_train_resume_and_cli(eng, tiny_dir, tmp_path, monkeypat
     assert rep2["held_out"] == rep["held_out"]
     with pytest.raises(SwiftkError, match="other settings"):
         train.train(eng, text, tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
-    # a run interrupted after its step-20 checkpoint and resumed ends where the uninterrupted one did
+    # a run interrupted after its step-25 checkpoint (an odd step: mid-way through a target pass's two steps) and
+    # resumed ends bit for bit where the uninterrupted one did: drafter and optimizer moments
+    from safetensors.torch import load_file
+
     save_ckpt = train._save_ckpt
 
     def interrupt(path, drafter, opt, step, meta):
         save_ckpt(path, drafter, opt, step, meta)
-        if step == 20:
+        if step == 25:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(train, "_save_ckpt", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        train.train(eng, text, tmp_path / "c.safetensors", **kw)
+        train.train(eng, text, tmp_path / "c.safetensors", **{**kw, "ckpt_every": 5})
     monkeypatch.setattr(train, "_save_ckpt", save_ckpt)
-    assert not (tmp_path / "c.safetensors").exists()
+    assert not (tmp_path / "c.safetensors").exists() and not list(tmp_path.glob(".*.tmp"))
     assert train.train(eng, text, tmp_path / "c.safetensors", resume=True, **kw)["held_out"] == rep["held_out"]
+    whole, resumed = (load_file(str(tmp_path / f"{x}.safetensors.ckpt")) for x in "ac")
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    (tmp_path / "d.safetensors.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SwiftkError, match="cannot resume"):
+        train.train(eng, text, tmp_path / "d.safetensors", resume=True, **kw)
+    with pytest.raises(SwiftkError, match="reuse must be"):
+        train.train(eng, text, tmp_path / "d.safetensors", **{**kw, "reuse": 0})
     assert last[1] < first[1], rep["history"]   # the KL falls
     with pytest.raises(SwiftkError, match="corpus too small"):
         train.train(eng, corpus.corpus(eng, sources[:2], 1000, progress=False), tmp_path / "x.safetensors", **kw)
@@ -308,3 +318,20 @@ def test_every_shipped_drafter_is_a_valid_file_for_its_registry_model():
         assert drafter.cfg.n_layers == model_info(f.stem)["n_layers"]
         assert extra["held_out"]["acceptance_by_depth"], f   # the training report travels with the weights
         assert f.stat().st_size < 4 * 2**20                    # "a few MiB": small enough to ship
+
+
+def test_corpus_cuts_long_files_and_sees_edits(eng, tmp_path, monkeypatch):
+    """A long text file is many documents (cut at line ends), so a single --data FILE has a held-out part; an edited
+    file is tokenized again, not read from the cache."""
+    from swiftk.moa import corpus
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    f = tmp_path / "book.txt"
+    f.write_text("".join(f"w{i % 61} w{(i * 7) % 61} w{(i * i) % 61}\n" for i in range(30_000)))
+    pieces = list(corpus.documents(str(f)))
+    assert len(pieces) > 20 and all(p.endswith("\n") for _, p in pieces)
+    assert "".join(p for _, p in pieces) == f.read_text()
+    text = corpus.corpus(eng, [str(f)], 1_000_000, progress=False)
+    assert len(text["held_out"]) > 0 and len(text["train"]) > 0
+    f.write_text(f.read_text().replace("w1 ", "w2 "))
+    assert corpus.corpus(eng, [str(f)], 1_000_000, progress=False)["path"] != text["path"]

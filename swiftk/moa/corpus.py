@@ -7,7 +7,7 @@ Sources (``--data``, repeatable; the documents of all of them are interleaved, o
                    descriptions (their METADATA files)
   FILE.jsonl       prompts ``{"text": str, "chat": bool}`` per line: the document is the prompt and the target's
                    own greedy answer (self-distillation; ``answer_tokens`` each)
-  FILE             its text as one document
+  FILE             its text, in pieces of ~DOC_CHARS characters cut at line ends (each piece a document)
 Each document contributes its first ``DOC_TOKENS`` tokens (breadth over depth). One document in
 ``HELD_OUT_EVERY`` (by a hash of its name, so the split does not move when the budget does) goes to the held-out
 set that training never sees. The token ids are cached under ``$SWIFTK_HOME/data`` (safetensors), keyed by the
@@ -102,7 +102,8 @@ def documents(source: str, eng=None, answer_tokens: int = 128):
                               "of prompts or a text file)")
         text = read_text(path, "training source")
         if path.suffix != ".jsonl":
-            yield str(path), text
+            # named by the file's name, not its folder: the held-out split does not move with the checkout
+            yield from ((f"{path.name}:{i}", piece) for i, piece in enumerate(_pieces(text)))
             return
         for i, line in enumerate(text.splitlines()):
             if not line.strip():
@@ -113,7 +114,32 @@ def documents(source: str, eng=None, answer_tokens: int = 128):
             except (ValueError, KeyError, TypeError) as e:
                 raise SwiftkError(f"{path}:{i + 1}: expected {{\"text\": str, \"chat\": bool}} ({e})") from None
             out = eng.generate(prompt, chat=chat, max_new_tokens=answer_tokens, method="ngram")
-            yield f"{path}:{i + 1}", out.prompt_ids + out.token_ids
+            yield f"{path.name}:{i + 1}", out.prompt_ids + out.token_ids
+
+
+def _pieces(text: str):
+    """A long text in pieces of about DOC_CHARS characters, each ending at a line end where one is near."""
+    i = 0
+    while i < len(text):
+        j = i + DOC_CHARS
+        cut = text.rfind("\n", i + DOC_CHARS // 2, j) if j < len(text) else -1
+        j = cut + 1 if cut > 0 else j
+        yield text[i:j]
+        i = j
+
+
+def _file_stamp(source: str):
+    """What identifies a user file's contents in the cache key: their sha256 (an edit keeping size and mtime too)."""
+    h = hashlib.sha256()
+    if not Path(source).is_file():   # not a regular file (a FIFO would block here): documents() refuses it
+        return None
+    try:
+        with open(source, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None   # documents() says what is wrong with it
+    return h.hexdigest()
 
 
 def _interleaved(sources: list, eng, answer_tokens: int):
@@ -135,10 +161,12 @@ def _interleaved(sources: list, eng, answer_tokens: int):
 def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progress: bool = True) -> dict:
     """{"train": uint32 ids, "held_out": uint32 ids, "spec": ...}: documents joined by EOS, at most ``max_tokens``
     in all; built once, then read from the cache."""
-    from safetensors.numpy import load_file, save_file   # lazy: only where a corpus is built or read
+    from safetensors import SafetensorError   # lazy: only where a corpus is built or read
+    from safetensors.numpy import load_file, save_file
 
     tok = eng.tokenizer
     spec = {"recipe": RECIPE, "sources": [str(s) for s in sources], "max_tokens": int(max_tokens),
+            "files": [_file_stamp(s) for s in sources if s not in ("stdlib", "site-packages", "docs")],
             "answer_tokens": answer_tokens, "model": eng.identity.get("fingerprint"),
             "tokenizer": tok.encode("def f(x):\n    return 'The quick brown fox.'", add_bos=False)}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
@@ -147,7 +175,7 @@ def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progre
         try:
             got = load_file(str(path))
             return {"train": got["train"], "held_out": got["held_out"], "spec": spec, "path": str(path)}
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, SafetensorError):
             pass   # unreadable: built again below
     eos = min(tok.eos_ids) if tok.eos_ids else 0
     parts = {"train": [], "held_out": []}

@@ -166,21 +166,32 @@ def _save_ckpt(path: Path, drafter, opt, step: int, meta: dict) -> None:
     from safetensors.torch import save_file   # lazy: safetensors, only for training checkpoints
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.contiguous() for k, v in _ckpt_tensors(drafter, opt).items()}, str(tmp),
-              metadata={"step": str(step), "meta": json.dumps(meta)})
-    os.replace(tmp, path)
+    try:
+        save_file({k: v.contiguous() for k, v in _ckpt_tensors(drafter, opt).items()}, str(tmp),
+                  metadata={"step": str(step), "meta": json.dumps(meta)})
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
-    from safetensors import safe_open   # lazy: safetensors, only for training checkpoints
+    from safetensors import SafetensorError, safe_open   # lazy: safetensors, only for training checkpoints
 
-    with safe_open(str(path), framework="pt") as f:
-        md = f.metadata()
-        if json.loads(md["meta"]) != meta:
-            raise SwiftkError(f"checkpoint {path} was made with other settings; delete it or drop --resume")
-        t = {k: f.get_tensor(k) for k in f.keys()}
-    drafter.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
-    step = int(md["step"])
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            md = f.metadata() or {}
+            same = json.loads(md["meta"]) == meta
+            t = {k: f.get_tensor(k) for k in f.keys()}
+        step = int(md["step"])
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+        raise SwiftkError(f"cannot resume from checkpoint {path}: {e}; delete it or drop --resume") from None
+    if not same:
+        raise SwiftkError(f"checkpoint {path} was made with other settings; delete it or drop --resume")
+    try:
+        drafter.load_state_dict({k[6:]: v for k, v in t.items() if k.startswith("model.")})
+    except RuntimeError as e:
+        raise SwiftkError(f"checkpoint {path} does not fit this drafter: {e}") from None
     for n, p in drafter.named_parameters():
         if f"adam.m.{n}" in t:
             opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": t[f"adam.m.{n}"],
@@ -198,6 +209,9 @@ def train(eng, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: i
     many frequent tokens; the KL runs over them; 0 = the full vocabulary). Returns the report (held-out agreement
     by depth, time, sizes). ``progress``: a progress bar with its ETA; ``log``: else a callable given a line with
     the step, rate and ETA every 5% of the run (for a log file)."""
+    for name, v in (("steps", steps), ("batch", batch), ("chunk", chunk), ("reuse", reuse), ("ckpt_every", ckpt_every)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SwiftkError(f"{name} must be a positive int, got {v!r}")
     torch.set_flush_denormal(True)   # softmax gradients underflow to denormals: 25x slower matmuls without this
     try:
         return _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every,

@@ -107,7 +107,7 @@ def draft_level(logits: torch.Tensor, sampler, pos: int, topk_bins, kmax: int, r
     Shared by every drafter (layer skip, MoA): how candidates are ranked decides what sampling acceptance needs.
     ``vocab_ids``: see :func:`draft_chain`."""
     if sampler.greedy:
-        top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), kmax)
+        top_p, top_i = torch.topk(torch.softmax(logits.float(), dim=-1), min(kmax, logits.shape[-1]))
         if vocab_ids is not None:
             top_i = vocab_ids[top_i]
         top_p, top_i = top_p.tolist(), top_i.tolist()      # one small host read per step
