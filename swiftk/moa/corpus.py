@@ -162,7 +162,7 @@ def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progre
     """{"train": uint32 ids, "held_out": uint32 ids, "spec": ...}: documents joined by EOS, at most ``max_tokens``
     in all; built once, then read from the cache."""
     from safetensors import SafetensorError   # lazy: only where a corpus is built or read
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file, save_file   # lazy: the same
 
     tok = eng.tokenizer
     spec = {"recipe": RECIPE, "sources": [str(s) for s in sources], "max_tokens": int(max_tokens),
