@@ -7,6 +7,14 @@ compiled with its own CMake (``-DGGML_NATIVE=ON -DLLAMA_CURL=OFF``, Release) int
 
 ``build_info()`` records what a result was measured against: the sdist version, llama.cpp's own build number and
 commit (``llama-bench -o json``) and the CPU features its build uses (``system_info``).
+
+ik_llama.cpp (Kawrakow's CPU fork: row-interleaved quants, run-time repacking ``-rtr``, its own matmuls and flash
+attention) is the other peer: ``ensure_ik()`` builds its ``llama-bench`` from a checkout or a git snapshot of
+github.com/ikawrakow/ik_llama.cpp named by ``--ik-src`` or ``$SWIFTK_IK_LLAMA`` (a snapshot may lack a few large
+blobs, web-UI bundles and vocab files; they are skipped and llama-bench builds without them) into
+``$SWIFTK_HOME/ik_llama/build``, the same CMake flags, and records the commit.
+
+    python -m bench.native_llamacpp --ik-src ~/src/ik_llama.cpp
 """
 from __future__ import annotations
 
@@ -75,15 +83,15 @@ def ensure() -> Path:
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def _configure_and_build(cmake: str, src: Path, build: Path, extra: list) -> None:
+def _configure_and_build(cmake: str, src: Path, build: Path, extra: list, targets=TARGETS, minutes: int = 5) -> None:
     (build / "AMX_OK").unlink(missing_ok=True)   # a new build is probed again
     t0 = time.perf_counter()
     _say(f"configuring {src} (cmake -DGGML_NATIVE=ON -DLLAMA_CURL=OFF {' '.join(extra)}, Release)")
     subprocess.run([cmake, "-S", str(src), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
                     "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *extra], check=True,
                    stdout=subprocess.DEVNULL)
-    _say(f"building {', '.join(TARGETS)} (~5 min on 2 cores)")
-    subprocess.run([cmake, "--build", str(build), "--target", *TARGETS, "-j", str(os.cpu_count() or 2)], check=True,
+    _say(f"building {', '.join(targets)} (~{minutes} min on 2 cores)")
+    subprocess.run([cmake, "--build", str(build), "--target", *targets, "-j", str(os.cpu_count() or 2)], check=True,
                    stdout=subprocess.DEVNULL)
     _say(f"built in {time.perf_counter() - t0:.0f} s")
 
@@ -135,13 +143,117 @@ def build_info(gguf: Path, threads: int) -> dict:
     return info
 
 
-def main() -> int:
+IK_ENV = "SWIFTK_IK_LLAMA"
+IK_TARGETS = ("llama-bench",)
+
+
+def ik_root() -> Path:
+    from swiftk.home import swiftk_home
+
+    return Path(swiftk_home()) / "ik_llama"
+
+
+def ik_binary(name: str) -> Path:
+    return ik_root() / "build" / "bin" / name
+
+
+def ensure_ik(src=None) -> Path | None:
+    """ik_llama.cpp's build folder, built first from ``src`` (else $SWIFTK_IK_LLAMA) when its llama-bench is missing;
+    None when there is neither a build nor a source (the benches then say that the ik arms did not run)."""
+    if all(ik_binary(t).is_file() for t in IK_TARGETS):
+        return ik_root() / "build"
+    src = src or os.environ.get(IK_ENV)
+    if not src:
+        return None
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("ik_llama.cpp needs cmake on PATH")
+    tree = ik_root() / "src"
+    if not (tree / "CMakeLists.txt").is_file():
+        tmp = tree.with_name("src.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        commit, missing = _export(Path(src).expanduser(), tmp)
+        (tmp / "SWIFTK_SOURCE.json").write_text(json.dumps({"from": str(src), "commit": commit, "missing": missing}))
+        os.replace(tmp, tree)
+        _say(f"ik_llama.cpp {commit} exported to {tree}" + (f" ({len(missing)} blobs missing from the snapshot)"
+                                                             if missing else ""))
+    # ik keeps llama-bench among the examples (mainline moved it to tools/)
+    _configure_and_build(cmake, tree, ik_root() / "build", ["-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=OFF"],
+                         IK_TARGETS, minutes=17)
+    return ik_root() / "build"
+
+
+def _export(src: Path, dest: Path) -> tuple:
+    """(commit, blobs missing) after writing ``src``'s HEAD tree to ``dest``: ``src`` a work tree or a git directory
+    (bare, e.g. a snapshot), whose absent blobs are skipped where `git archive` would stop."""
+    git = ["git", "-C", str(src)] if (src / ".git").exists() else ["git", "--git-dir", str(src)]
+    commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    listing = subprocess.run(git + ["ls-tree", "-r", "-z", "HEAD"], capture_output=True, check=True).stdout
+    entries = []
+    for item in listing.split(b"\0"):
+        if item:
+            meta, path = item.split(b"\t", 1)
+            mode, kind, sha = meta.split()
+            if kind == b"blob":
+                entries.append((mode, sha.decode(), path.decode()))
+    cat = subprocess.run(git + ["cat-file", "--batch"], input="".join(f"{sha}\n" for _, sha, _ in entries).encode(),
+                         capture_output=True, check=True).stdout
+    missing, at = [], 0
+    for mode, sha, path in entries:
+        end = cat.index(b"\n", at)
+        head = cat[at:end].split()
+        at = end + 1
+        if head[-1] == b"missing":
+            missing.append(path)
+            continue
+        size = int(head[2])
+        data, at = cat[at:at + size], at + size + 1
+        out = dest / path
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if mode == b"120000":
+            os.symlink(data.decode(), out)
+        else:
+            out.write_bytes(data)
+            if mode == b"100755":
+                out.chmod(0o755)
+    return commit, missing
+
+
+def ik_build_info(gguf: Path, threads: int) -> dict:
+    """What the ik arms ran: the exported commit, blobs the snapshot lacked, and llama-bench's own build fields."""
+    info = {"repo": "github.com/ikawrakow/ik_llama.cpp", "bin": str(ik_binary("llama-bench").parent),
+            "cmake": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=ON"}
+    try:
+        info.update(json.loads((ik_root() / "src" / "SWIFTK_SOURCE.json").read_text()))
+    except (OSError, ValueError):
+        pass
+    r = subprocess.run([str(ik_binary("llama-bench")), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "1",
+                        "-r", "1", "-o", "json"], capture_output=True, text=True, timeout=300)
+    try:
+        row = json.loads(r.stdout)[0]
+        info.update({k: row.get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")})
+    except (ValueError, IndexError, KeyError):
+        info["error"] = r.stderr[-500:]
+    return info
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ik-src", default=None, help=f"ik_llama.cpp checkout or git snapshot (else ${IK_ENV})")
+    a = ap.parse_args(argv)
     build = ensure()
     for t in TARGETS:
         print(binary(t))
     from swiftk.loading.registry import resolve_model
 
     print(json.dumps(build_info(resolve_model("smollm2-135m"), 2), indent=1))
+    ik = ensure_ik(a.ik_src)
+    if ik is None:
+        print(f"ik_llama.cpp: not built (give --ik-src or ${IK_ENV})")
+    else:
+        print(json.dumps(ik_build_info(resolve_model("smollm2-135m"), 2), indent=1))
     return 0 if build.is_dir() else 1
 
 

@@ -127,7 +127,7 @@ int run(const std::string& dir_path, int nthreads) {
   const std::vector<uint8_t> flags(L * 2, 0), vis(pos + 1, 1);
   const int64_t slot = pos;
   int rc = swk_layers(L, table.data(), wtypes.data(), flags.data(), 1, D, H, KV, hd, I, eps, scale, S_max, &slot,
-                      cos_t.data(), sin_t.data(), vis.data(), pos + 1, h.data(), nthreads);
+                      cos_t.data(), sin_t.data(), vis.data(), pos + 1, h.data(), nthreads, SWK_KV_FLOAT32);
   if (rc != SWK_CPU_OK)
     throw std::runtime_error(rc == SWK_CPU_ERR_NOMEM ? "swk_layers: out of memory"
                                                      : "swk_layers rejected its arguments");

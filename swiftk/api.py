@@ -12,6 +12,7 @@ from .loading.loaders import load_checkpoint
 from .loading.registry import DEFAULT_MODEL, MODELS, resolve_model
 from .options import load_time
 from .runtime.model import WEIGHT_FORMATS, check_device_dtype, resolve_device, resolve_dtype
+from .runtime.kvcache import kv_dtype
 from .runtime.ops import cpu_quant, native
 from .runtime.ops.cpu_quant import ACTIVATIONS
 
@@ -22,7 +23,8 @@ LOAD_OPTIONS = ("device", "dtype", "max_context", "persist", "weights", "activat
 
 
 def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32", max_context=None, persist=None,
-         weights=None, activations=None, drafter=None, draft_model=None, cuda_graphs=None, **options) -> Engine:
+         weights=None, activations=None, drafter=None, draft_model=None, cuda_graphs=None, kv_cache=None,
+         **options) -> Engine:
     """An Engine for a registry name (pulled on first use), a ``.gguf`` path or a Hugging Face directory.
 
     ``options``: decode defaults and optimizer options (config.py); ``persist``: see Engine; ``weights``: None
@@ -36,10 +38,13 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
     model with the same tokenizer (registry name or path, loaded like the target) that drafts for
     ``method="draft_model"``, then the default method (qwen2.5-coder-0.5b for qwen2.5-coder-1.5b);
     ``cuda_graphs``: replay the decode loop's small passes from CUDA graphs (default: on for a CUDA device; see
-    swiftk/runtime/graphs.py)."""
+    swiftk/runtime/graphs.py); ``kv_cache``: the KV cache's element type, "float32" or "float16" on the CPU (default:
+    float16 for a GGUF file's blocks under int8 activations, as llama.cpp keeps it, else the compute dtype; float16
+    halves the bytes a step reads over a long context, see swiftk/runtime/kvcache.py)."""
     dev = resolve_device(device)       # validate before any download or load
     dt = resolve_dtype(dtype)
     check_device_dtype(dev, dt)
+    kv_dtype(kv_cache, dev, dt)
     weights = resolve_weights(weights, dev, dt)
     _check_activations(activations, weights)
     if draft_model is not None and not isinstance(draft_model, (str, os.PathLike)):
@@ -53,7 +58,7 @@ def load(model: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32"
                           f"{w or 'float32'}: give both the same kind of file")
     return Engine(ckpt, device=dev, dtype=dt, max_context=max_context, persist=persist, weights=w,
                   activations=activations, drafter=drafter, draft_model=None if draft is None else draft[0],
-                  cuda_graphs=cuda_graphs, **options)
+                  cuda_graphs=cuda_graphs, kv_cache=kv_cache, **options)
 
 
 def _checkpoint(model, path, dt, weights, activations) -> tuple:

@@ -34,6 +34,14 @@ def _common(p):
     p.add_argument("--activations", default=None, choices=["int8", "float32"],
                    help="native weights: int8 (default; integer dot products as llama.cpp) or float32 (the exact "
                         "de-quantized model)")
+    p.add_argument("--kv-cache", default=None, choices=["float32", "float16"],
+                   help="the KV cache's element type (default: float16 under int8 activations, else the compute dtype)")
+
+
+def _load(a, **kw):
+    """swiftk.load with the options _common parsed."""
+    return swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
+                       kv_cache=a.kv_cache, **kw)
 
 
 def main(argv=None) -> int:
@@ -223,9 +231,8 @@ def _generate(a) -> int:
                           if a.exit_layer is None else "--exit-layer is an option of --method early_exit")
     # a run from a given skip set is a one-off: it must not become the saved state later runs start from
     persist = False if a.skip_set else None
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
-                      **load_time(a.draft_model, decode_kw))
+    eng = _load(a, drafter=a.drafter, draft_model=a.draft_model, persist=persist, **opt_kw,
+                **load_time(a.draft_model, decode_kw))
     extra = {}
     if a.method == "static":
         extra["skip_set"] = a.skip_set
@@ -258,7 +265,7 @@ def _optimize(a) -> int:
     state = a.state or (a.out + ".state.json")
     check_output_path(a.out, "--out")
     check_output_path(state, "--state")
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)
+    eng = _load(a)
     search = OfflineSearch(eng, prompts, iterations=a.iterations, n_init=a.init, max_new_tokens=a.max_new_tokens,
                            chat=a.chat, state_path=state, seed=a.seed)
     best = search.run(progress=sys.stderr.isatty())
@@ -366,9 +373,8 @@ def _serve(a) -> int:
     template = read_text(a.chat_template, "chat template", MAX_JSON_BYTES) if a.chat_template else None
     if a.draft_model and a.method not in (None, "draft_model"):   # before loading two models
         raise SwiftkError(f"--draft-model drafts for --method draft_model, not {a.method}")
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations,
-                      max_context=a.max_context, draft_model=a.draft_model, **opt_kw,
-                      **load_time(a.draft_model, decode_kw))
+    eng = _load(a, max_context=a.max_context, draft_model=a.draft_model, **opt_kw,
+                **load_time(a.draft_model, decode_kw))
     name = a.served_model_name or (a.model if a.model in MODELS else Path(a.model).name)
     print(f"swiftk serve: {name} on http://{a.host}:{a.port}/v1 (history scope: {a.history_scope})",
           file=sys.stderr, flush=True)
@@ -383,7 +389,7 @@ def _serve(a) -> int:
 
 def _info(a) -> int:
     info = {"cache": str(swiftk_home()), "registry": {n: model_info(n) for n in MODELS}}
-    eng = swiftk.load(a.model, device=a.device, dtype=a.dtype, weights=a.weights, activations=a.activations)
+    eng = _load(a)
     info.update(eng.info())
     print(json.dumps(info, indent=1, default=str))
     return 0

@@ -43,11 +43,12 @@ _OPT_OPTS = option_names(OptimizerConfig)
 class Engine(EngineCorpus, Calls):
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
-                 drafter=None, draft_model=None,
+                 drafter=None, draft_model=None, kv_cache: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None, **options):
         """``options``: decode options (defaults for every call) and optimizer options (the learned state's).
         ``weights``: None, "native" (blocks: load_checkpoint(native=True)), "bfloat16" or "int8"; ``activations``:
-        None, "int8" or "float32" for native weights (see :class:`Model`).
+        None, "int8" or "float32" for native weights; ``kv_cache``: the KV cache's element type (see :class:`Model`;
+        default float16 for native weights with int8 activations, else the compute dtype).
         ``persist`` (default: True for registry/file models): keep the learned state and the cost model in
         ``$SWIFTK_HOME/state`` so the next process starts warm. ``drafter``: path of a trained MoA drafter for
         ``method="moa"`` (experimental; default: found by model name). ``draft_model``: the checkpoint of a smaller
@@ -79,8 +80,10 @@ class Engine(EngineCorpus, Calls):
             raise SwiftkError(f"cuda_graphs=True needs a CUDA device, got {self.device}")
         if persist is not None and not isinstance(persist, bool):
             raise SwiftkError(f"persist must be True, False or None, got {persist!r}")
+        if kv_cache is None and weights == "native" and activations in (None, "int8"):
+            kv_cache = "float16"   # llama.cpp's arithmetic, its cache too; activations="float32" stays the exact model
         self.model = Model(self.config, checkpoint.tensors, device=self.device, dtype=self.dtype, weights=weights,
-                           activations=activations)
+                           activations=activations, kv_cache=kv_cache)
         checkpoint.tensors = {}  # the model holds its own (fused) copies; free the loader's
         may_reuse(self.decode_config.prefix_cache, self._prefix_asked, self.model)   # asked where inexact: refused
         self.max_context = max_context
@@ -326,6 +329,7 @@ class Engine(EngineCorpus, Calls):
                 "resident_weight_bytes": self.model.resident_bytes(),
                 "weight_pages": weight_pages(self.model),
                 "weight_formats": self.model.formats(), "max_context": self.max_context,
+                "kv_cache": str(self.cache.data.dtype).replace("torch.", ""),
                 "kv_cache_bytes": self.cache.data.numel() * self.cache.data.element_size(),
                 "backends": describe(self.device),
                 "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",

@@ -13,6 +13,7 @@ import swiftk
 from swiftk.decoding.costs import CostModel, Gate
 from swiftk.errors import SwiftkError
 from swiftk.options import DecodeConfig
+from swiftk.runtime.kvcache import kv_dtype
 from swiftk.runtime.model import Rows
 from swiftk.runtime.ops import cpu_linear
 from swiftk.runtime.ops.masks import TreeMask
@@ -46,13 +47,15 @@ def _parts(m, caches):
                  torch.tensor([69]))]
 
 
-@pytest.mark.parametrize("weights", [None, "float32"])
-def test_a_batched_pass_equals_each_sequence_alone_bit_for_bit(smollm2_path, weights):
+# the file's blocks (float16 cache by default, or float32 asked for) and float32 weights (a float32 cache)
+@pytest.mark.parametrize("weights,kv,cache_dtype", [(None, None, torch.float16), (None, "float32", torch.float32),
+                                                    ("float32", None, torch.float32)])
+def test_a_batched_pass_equals_each_sequence_alone_bit_for_bit(smollm2_path, weights, kv, cache_dtype):
     """Rows of three sequences (a tree, a plain step, a 70-row prefill chunk; different context lengths) in one pass:
-    each part's logits and KV equal its own pass's, bit for bit."""
+    each part's logits and KV equal its own pass's, bit for bit (over float32 or float16 caches)."""
     if not cpu_linear.available():
         pytest.skip("the batched pass is the fused CPU loop's")
-    e = swiftk.load(str(smollm2_path), persist=False, weights=weights, datastore=False)
+    e = swiftk.load(str(smollm2_path), persist=False, weights=weights, datastore=False, kv_cache=kv)
     m, tok = e.model, e.tokenizer
     caches = [m.new_cache(e.cache.max_slots) for _ in range(3)]
     for c, p in zip(caches, ["def f(x):", "Once upon a time there was", "import numpy as np\n" * 12]):
@@ -67,6 +70,7 @@ def test_a_batched_pass_equals_each_sequence_alone_bit_for_bit(smollm2_path, wei
     for a, b in zip(alone, together):
         assert a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
     assert all(torch.equal(a.data, b.data) for a, b in zip(caches, twins))
+    assert caches[0].data.dtype == cache_dtype
 
 
 def test_forward_batch_refuses_two_parts_on_one_cache(eng):
@@ -87,6 +91,20 @@ def test_generate_many_equals_each_call_alone(eng, method):
     assert [r.token_ids for r in got] == want
     assert all(r.finish_reason in ("length", "eos") for r in got)
     assert got[0].stats.method == method and got[0].stats.new_tokens == len(want[0])
+
+
+def test_a_float16_cache_decodes_losslessly_alone_and_batched(smollm2_path):
+    """kv_cache="float16" is its own numerical model: speculation and batching equal its plain decoding, token for
+    token; a bad value or a 16-bit cache under float32 compute on a GPU is refused by name."""
+    e = swiftk.load(str(smollm2_path), persist=False, weights="float32", kv_cache="float16")
+    assert e.cache.data.dtype == torch.float16 and "float16 KV cache" in e.model.arithmetic()
+    want = [_ar(e, p, 40) for p in PROMPTS[:4]]
+    assert [e.generate(p, max_new_tokens=40).token_ids for p in PROMPTS[:4]] == want
+    assert [r.token_ids for r in e.generate_many(PROMPTS[:4], max_new_tokens=40, max_batch=3)] == want
+    with pytest.raises(SwiftkError, match="kv_cache='int4'"):
+        swiftk.load(str(smollm2_path), persist=False, kv_cache="int4")
+    with pytest.raises(SwiftkError, match="runs on the CPU only"):   # checked before any CUDA is touched
+        kv_dtype("float16", torch.device("cuda"), torch.float32)
 
 
 def test_seeded_sampling_in_a_batch_equals_alone(eng):

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason=f"CPU kernels unavailable: {cpu_linear.status()}")
 
 
-def _model(arch="llama", weights=None, seed=0, **over):
+def _model(arch="llama", weights=None, seed=0, kv_cache=None, **over):
     torch.manual_seed(seed)
     common = dict(vocab_size=97, hidden_size=72, intermediate_size=100, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -24,7 +24,8 @@ def _model(arch="llama", weights=None, seed=0, **over):
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     sd = {k: v.detach() for k, v in hf.state_dict().items()}
-    return Model(from_hf_config(hf.config.to_dict()), sd, device="cpu", dtype=torch.float32, weights=weights)
+    return Model(from_hf_config(hf.config.to_dict()), sd, device="cpu", dtype=torch.float32, weights=weights,
+                 kv_cache=kv_cache)
 
 
 @pytest.fixture
@@ -71,8 +72,13 @@ def _random_tree(T, g):
                                        ("llama", {"hidden_size": 448, "num_attention_heads": 7,
                                                   "num_key_value_heads": 1})])
 @pytest.mark.parametrize("T", [1, 5, 17])
-def test_fused_equals_op_by_op(fused_switch, arch, over, T):
-    m = _model(arch, **over)
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_fused_equals_op_by_op(fused_switch, arch, over, T, kv):
+    """Also over a float16 cache: both paths round k, v to nearest even and attend over the widened values (the
+    torch path's float32 math on them). A k that the two paths compute a few ulps of float32 apart can round to
+    neighbouring halves, so there the tolerance is a half's ulp (2^-11 relative)."""
+    m = _model(arch, kv_cache=kv, **over)
+    tol = dict(atol=2e-5, rtol=1e-4) if kv == "float32" else dict(atol=1e-3, rtol=1e-3)
     g = torch.Generator().manual_seed(T)
     anc, depth = _random_tree(T, g)
     skip = torch.rand(2 * m.cfg.n_layers, generator=g) < 0.4
@@ -85,8 +91,9 @@ def test_fused_equals_op_by_op(fused_switch, arch, over, T):
 
     for sk in (None, skip):
         (ref, kv_ref), (got, kv_got) = _both(m, lambda c: tree_pass(c, sk))
-        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(kv_got, kv_ref, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(got, ref, **tol)
+        torch.testing.assert_close(kv_got, kv_ref, **tol)
+        assert kv_got.dtype == getattr(torch, kv)
 
 
 # head_dim 18 (scalar tails), 32 (vector path), 64 with 7 / 5 / 2 query heads per KV head (a pass of several
@@ -95,10 +102,11 @@ def test_fused_equals_op_by_op(fused_switch, arch, over, T):
                                   {"hidden_size": 448, "num_attention_heads": 7, "num_key_value_heads": 1},
                                   {"hidden_size": 640, "num_attention_heads": 10, "num_key_value_heads": 2},
                                   {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}])
-def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over):
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over, kv):
     """A chain verified in one pass gives each token the logits it gets decoded alone (the basis of greedy
-    speculative output equal to plain decoding, independent of the tree's size)."""
-    m = _model(**over)
+    speculative output equal to plain decoding, independent of the tree's size), over either cache type."""
+    m = _model(kv_cache=kv, **over)
     cache = m.new_cache(64)
     n = _prefix(m, cache)
     toks = torch.tensor([5, 17, 42, 8, 60, 3])
@@ -116,10 +124,11 @@ def test_verify_rows_equal_single_steps_bit_for_bit(fused_switch, over):
                                   {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2},
                                   {"hidden_size": 448, "num_attention_heads": 7, "num_key_value_heads": 1},
                                   {"hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}])
-def test_tree_rows_equal_single_steps_over_a_long_context(fused_switch, over):
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_tree_rows_equal_single_steps_over_a_long_context(fused_switch, over, kv):
     """Every row of a 12-token tree over 301 cached slots gets the logits of its token decoded alone with the same
     visible slots, bit for bit, on 1 and 2 threads and with the tiles switched off (per-token work items)."""
-    m = _model(max_position_embeddings=1024, **over)
+    m = _model(max_position_embeddings=1024, kv_cache=kv, **over)
     cache = m.new_cache(512)
     n = _prefix(m, cache, n=301)
     T = 12
@@ -202,10 +211,13 @@ def test_fused_path_serves_passes_and_causal_prefills(fused_switch, monkeypatch)
 
 
 @pytest.mark.parametrize("over", [{}, {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2}])
-def test_a_prefill_is_the_prompt_decoded_token_by_token(fused_switch, over):
+@pytest.mark.parametrize("kv", ["float32", "float16"])
+def test_a_prefill_is_the_prompt_decoded_token_by_token(fused_switch, over, kv):
     """A 150-token prefill (passes of 64 in the C loop) writes the KV cache and last logits that decoding the
-    prompt one token at a time gives, bit for bit, and matches the op-by-op torch pass within float rounding."""
-    m = _model(max_position_embeddings=1024, **over)
+    prompt one token at a time gives, bit for bit (what prefix_cache relies on, over either cache type), and
+    matches the op-by-op torch pass within float rounding (a half's ulp over a float16 cache)."""
+    m = _model(max_position_embeddings=1024, kv_cache=kv, **over)
+    tol = dict(atol=1e-4, rtol=1e-4) if kv == "float32" else dict(atol=1e-3, rtol=1e-3)
     P = 150
     ids = torch.randint(0, m.cfg.vocab_size, (P,), generator=torch.Generator().manual_seed(9))
     pos, last = torch.arange(P), torch.tensor([P - 1])
@@ -216,8 +228,8 @@ def test_a_prefill_is_the_prompt_decoded_token_by_token(fused_switch, over):
         out.append((m.forward(ids, pos, pos, cache, logits_idx=last), cache.data.clone()))
     cpu_layers.set_fused(True)
     (ref, kv_ref), (got, kv_got) = out
-    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(kv_got[..., :P, :], kv_ref[..., :P, :], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, ref, **tol)
+    torch.testing.assert_close(kv_got[..., :P, :], kv_ref[..., :P, :], **tol)
     cache = m.new_cache(P + 8)
     for i in range(P):
         one = m.forward(ids[i:i + 1], pos[i:i + 1], pos[i:i + 1], cache, start=i)
@@ -238,7 +250,7 @@ def test_bad_passes_are_named(fused_switch):
                   attn_mask=TreeMask.causal(15, 2, "cpu"))
 
 
-def call_layer_loop(m, cache, table, wtypes, T: int = 2) -> int:
+def call_layer_loop(m, cache, table, wtypes, T: int = 2, kv_type: int = 0) -> int:
     """kernels/cpu/cpu_decode.cpp's swk_layers over ``table`` (fused_layer_table's layout, its KV addresses those of
     ``cache``, which the caller keeps alive) for T causal tokens at slots 0..T-1: its return code (0 ran, -1
     refused)."""
@@ -251,7 +263,8 @@ def call_layer_loop(m, cache, table, wtypes, T: int = 2) -> int:
     h = torch.randn(T, c.hidden_size)
     return cpu_layers.layers_fn()(n, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
                                   c.n_kv_heads, hd, c.intermediate_size, c.rms_eps, 1.0, cache.max_slots,
-                                  slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1)
+                                  slots.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), T, h.data_ptr(), 1,
+                                  kv_type)
 
 
 def test_an_int8_weight_without_its_scales_is_refused():

@@ -11,9 +11,10 @@ pytestmark = pytest.mark.skipif(not cpu_kv.available(), reason="no CPU kernel li
 @pytest.mark.parametrize("src,dst", [([5, 9, 12], [3, 4, 5]),          # a branch's path into the prefix
                                      ([4, 3, 6, 5], [3, 4, 5, 6]),      # overlapping, reordered
                                      ([7], [7]), ([], [])])
-def test_kv_commit_equals_the_torch_twin(src, dst):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])   # the cache types the kernel moves rows of
+def test_kv_commit_equals_the_torch_twin(src, dst, dtype):
     g = torch.Generator().manual_seed(0)
-    cache = torch.randn(3, 2, 2, 16, 8, generator=g)
+    cache = torch.randn(3, 2, 2, 16, 8, generator=g).to(dtype)
     want = cache.clone()
     reference.kv_commit(want, torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))
     cpu_kv.kv_commit(cache, torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long))

@@ -8,7 +8,7 @@
  * layer table in swiftk/runtime/weights.py `fused_layer_table`; examples/CMakeLists.txt adds the same folder.
  *
  * Conventions: every tensor is dense, row-major, little-endian, and every shape is in ELEMENTS. Activations, norms,
- * biases, scales and the KV cache are float32; matrices are [N, K] (out, in) of a weight type below. Functions
+ * biases and scales are float32, the KV cache float32 or float16 (SWK_KV_*); matrices are [N, K] (out, in) of a weight type below. Functions
  * return SWK_CPU_OK, or SWK_CPU_ERR_ARG when an argument is invalid (then nothing is written). nthreads >= 1
  * threads of the library's own pool (one per process, shared by every calling thread; the calling thread is one of
  * them). Results are batch invariant: a row's output never depends on M / T or the thread count.
@@ -44,6 +44,11 @@ extern "C" {
  * on rows packed by swk_qi_repack (kernels/cpu/cpu_qdot.cpp: int swk_qi_repack(int type, const void* src, int64_t N,
  * int64_t K, void* dst), the same bytes permuted: rows in groups of 8 with each block's fields side by side). */
 #define SWK_Q_INT8_ACT 256
+
+/* KV cache element types (swk_layers' kv_type). float16: k and v rounded to nearest even when written, widened
+ * exactly to float32 when read, so attention runs the float32 arithmetic on the values the cache holds. */
+#define SWK_KV_FLOAT32 0
+#define SWK_KV_FLOAT16 1
 
 /* Skinny matmul for decoding (M of a few rows up to ~32; any M works):
  *   y[M, N] = x[M, K] @ W[N, K]^T            (wt SWK_W_FLOAT32 / SWK_W_BFLOAT16, scale must be NULL)
@@ -82,7 +87,7 @@ enum swk_layer_ptr {
   SWK_P_WGU_SCALE = 8,  /* float32 [2 I] or 0 */
   SWK_P_WDOWN = 9,      /* [D, I]: down_proj (wtypes[4l + 3]) */
   SWK_P_WDOWN_SCALE = 10, /* float32 [D] or 0 */
-  SWK_P_KV = 11,        /* float32 [2, KV, S_max, hd]: this layer's cache, K plane then V plane (read and written) */
+  SWK_P_KV = 11,        /* [2, KV, S_max, hd] of kv_type: this layer's cache, K plane then V plane (read, written) */
   SWK_LAYER_TABLE_WIDTH = 12
 };
 
@@ -103,27 +108,29 @@ enum swk_layer_ptr {
  *   vis     [T, S] bytes: token t attends slot s; every row must see at least one slot; 1 <= S <= max_slots
  *           (a decode step at position p in slot p: T = 1, S = p + 1, all ones)
  *   scale   attention scale, usually 1/sqrt(hd); eps the RMSNorm epsilon
+ *   kv_type SWK_KV_FLOAT32 or SWK_KV_FLOAT16: the element type of every cache the call reads and writes
  * Returns SWK_CPU_OK, SWK_CPU_ERR_ARG (bad shape, NULL pointer, slot out of range, a token seeing no slot; nothing
  * computed) or SWK_CPU_ERR_NOMEM. */
 SWIFTK_API int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
                           int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
                           int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
-                          const uint8_t* vis, int64_t S, float* h, int nthreads);
+                          const uint8_t* vis, int64_t S, float* h, int nthreads, int kv_type);
 
 /* swk_layers over the rows of several sequences, each with its own KV cache, in one pass (every weight read once for
  * all of them): row t reads and writes the caches kvs[row_cache[t] * n_layers + l] (layer l's [2, KV, max_slots,
- * hd] float32; the table's KV entries are not read); slots[t] and vis[t] refer to its own cache's slots. row_cache
+ * hd] of kv_type; the table's KV entries are not read); slots[t] and vis[t] refer to its own cache's slots. row_cache
  * [T] is nondecreasing in [0, n_caches): each sequence's rows are contiguous. A row's result equals the one it gets
  * in a swk_layers pass of its own sequence. */
 SWIFTK_API int swk_layers_multi(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags,
                                 int64_t T, int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps,
                                 float scale, int64_t max_slots, const int64_t* slots, const float* cos_t,
                                 const float* sin_t, const uint8_t* vis, int64_t S, float* h, int nthreads,
-                                int64_t n_caches, const uint64_t* kvs, const int64_t* row_cache);
+                                int64_t n_caches, const uint64_t* kvs, const int64_t* row_cache, int kv_type);
 
-/* cache [planes, S, hd] float32 (planes = layers x 2 x KV heads): in every plane, row src[i] -> row dst[i] for i < n,
- * all sources read before any destination is written. 0, -1 on bad arguments (nothing written), -2 out of memory. */
-SWIFTK_API int swk_kv_commit(float* cache, int64_t planes, int64_t S, int64_t hd, const int64_t* src,
+/* cache [planes, S, row_bytes] (planes = layers x 2 x KV heads, a row one slot's hd elements of any type): in every
+ * plane, row src[i] -> row dst[i] for i < n, all sources read before any destination is written. 0, -1 on bad
+ * arguments (nothing written), -2 out of memory. */
+SWIFTK_API int swk_kv_commit(void* cache, int64_t planes, int64_t S, int64_t row_bytes, const int64_t* src,
                              const int64_t* dst, int64_t n);
 
 /* 1 (the default): swk_layers attends for passes of several tokens in tiles of keys shared by their rows; 0: per

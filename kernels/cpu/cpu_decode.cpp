@@ -45,7 +45,9 @@ namespace {
 // Layer table: per layer, NPTR addresses (see swk_layers) and 4 weight types. Public: csrc/include/swiftk_cpu.h.
 enum { P_ATTN_NORM, P_WQKV, P_WQKV_SCALE, P_BQKV, P_WO, P_WO_SCALE, P_MLP_NORM, P_WGU, P_WGU_SCALE, P_WDOWN,
        P_WDOWN_SCALE, P_KV, NPTR };
+enum { KV_F32 = 0, KV_F16 = 1 };   // the KV cache's element type (kv_type)
 #ifdef SWK_HAVE_HEADER
+static_assert(KV_F32 == SWK_KV_FLOAT32 && KV_F16 == SWK_KV_FLOAT16, "KV types differ from swiftk_cpu.h");
 static_assert(SWK_CPU_ERR_NOMEM == -2, "swk_layers' out-of-memory code");
 static_assert((int)P_ATTN_NORM == SWK_P_ATTN_NORM && (int)P_WQKV == SWK_P_WQKV &&
                   (int)P_WQKV_SCALE == SWK_P_WQKV_SCALE && (int)P_BQKV == SWK_P_BQKV && (int)P_WO == SWK_P_WO &&
@@ -62,14 +64,25 @@ void exp_inplace(float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += SWK_W) vst(p + i, vexp(vld(p + i)));
 }
 
+// The KV cache's element types: float32 (KT = float) or float16 bits (KT = uint16_t). Rows of either are read as
+// floats (a half widens exactly), so attention over a 16-bit cache runs attention over a float32 cache's ops on the
+// values the cache holds: the same bits as a float32 cache holding those values.
+static inline vec kld(const float* p) { return vld(p); }
+static inline vec kld(const uint16_t* p) { return vld_h(p); }
+static inline float kf(float x) { return x; }
+static inline float kf(uint16_t h) { return swk_gguf::h2f((const uint8_t*)&h); }
+static inline void kst(float* dst, const float* src, int64_t n) { memcpy(dst, src, n * sizeof(float)); }
+static inline void kst(uint16_t* dst, const float* src, int64_t n) { vst_h_row(dst, src, n); }
+
 // Sum of a[i] * b[i] over [0, n): vector lanes in a fixed order then the fixed lane reduction (n % SWK_W tail
 // scalar), the same arithmetic for a row whatever the pass.
-float dot(const float* a, const float* b, int64_t n) {
+template <typename KT>
+float dot(const float* a, const KT* b, int64_t n) {
   vec acc = vzero();
   int64_t i = 0;
-  for (; i + SWK_W <= n; i += SWK_W) acc = vfma(vld(a + i), vld(b + i), acc);
+  for (; i + SWK_W <= n; i += SWK_W) acc = vfma(vld(a + i), kld(b + i), acc);
   float s = vsum(acc);
-  for (; i < n; i++) s += a[i] * b[i];
+  for (; i < n; i++) s += a[i] * kf(b[i]);
   return s;
 }
 
@@ -128,7 +141,8 @@ constexpr int MAXV = 16;   // register path for hd <= 16 vectors
 // Scores q . K_s * scale of one query head over keys [s0, s1) into p[s] for the visible s, with their running max
 // mx. s0 and, unless s1 == S, s1 are multiples of 16, so whatever split of [0, S) the caller walks, every key gets
 // the ops of one call over [0, S): blocks of 16 keys (8 on AVX2), dot() for those past the last full block.
-void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0, int64_t s1, int64_t hd,
+template <typename KT>
+void head_scores(const float* q, const KT* K, const uint8_t* vis, int64_t s0, int64_t s1, int64_t hd,
                  float scale, float* p, float& mx) {
   const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
   int64_t s = s0;
@@ -143,7 +157,7 @@ void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0,
       for (int64_t v = 0; v < nv; v++) {
         const vec qv = vld(q + v * SWK_W);
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, vld(K + (s + j) * hd + v * SWK_W), acc[j]);
+        for (int j = 0; j < 16; j++) acc[j] = vfma(qv, kld(K + (s + j) * hd + v * SWK_W), acc[j]);
       }
       vec in[16];
 #pragma GCC unroll 16
@@ -165,7 +179,7 @@ void head_scores(const float* q, const float* K, const uint8_t* vis, int64_t s0,
       for (int64_t v = 0; v < nv; v++) {
         const vec qv = vld(q + v * SWK_W);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, vld(K + (s + j) * hd + v * SWK_W), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = vfma(qv, kld(K + (s + j) * hd + v * SWK_W), acc[j]);
       }
       alignas(32) float sc[8];
       vst(sc, vmul(hsum8(acc), vset1(scale)));
@@ -191,13 +205,15 @@ void probs_from_scores(const uint8_t* vis, int64_t S, float mx, float* p) {
 }
 
 // p[s] = exp(q . K_s * scale - max) over the visible slots s, 0 elsewhere (attend_row's first half)
-void head_probs(const float* q, const float* K, const uint8_t* vis, int64_t S, int64_t hd, float scale, float* p) {
+template <typename KT>
+void head_probs(const float* q, const KT* K, const uint8_t* vis, int64_t S, int64_t hd, float scale, float* p) {
   float mx = -INFINITY;
   head_scores(q, K, vis, 0, S, hd, scale, p, mx);
   probs_from_scores(vis, S, mx, p);
 }
 
-void attend_row(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, int64_t hd,
+template <typename KT>
+void attend_row(const float* q, const KT* K, const KT* V, const uint8_t* vis, int64_t S, int64_t hd,
                 float scale, float* p, float* out) {
   const bool vec_hd = hd % SWK_W == 0 && hd / SWK_W <= MAXV;
   head_probs(q, K, vis, S, hd, scale, p);
@@ -212,8 +228,8 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
       const float e = p[s];
       den += e;
       const vec ev = vset1(e);
-      const float* vr = V + s * hd;
-      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, vld(vr + v * SWK_W), o[v]);
+      const KT* vr = V + s * hd;
+      for (int64_t v = 0; v < nv; v++) o[v] = vfma(ev, kld(vr + v * SWK_W), o[v]);
     }
     const vec inv = vset1(1.0f / den);
     for (int64_t v = 0; v < nv; v++) vst(out + v * SWK_W, vmul(o[v], inv));
@@ -224,8 +240,8 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
     if (!vis[s]) continue;
     const float e = p[s];
     den += e;
-    const float* v = V + s * hd;
-    for (int64_t i = 0; i < hd; i++) out[i] += e * v[i];
+    const KT* v = V + s * hd;
+    for (int64_t i = 0; i < hd; i++) out[i] += e * kf(v[i]);
   }
   const float inv = 1.0f / den;
   for (int64_t i = 0; i < hd; i++) out[i] *= inv;
@@ -234,8 +250,8 @@ void attend_row(const float* q, const float* K, const float* V, const uint8_t* v
 // Weighted sums of V rows over slots [s0, s1) for NR consecutive query heads of one token, carried in o and den
 // from tile to tile: per visible slot in slot order den += e, o = fma(e, V_s, o) -- attend_row's second half, so a
 // head summed in tiles or in one call gets the same bits.
-template <int NV, int NR>
-void pv_tile(const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp, float* o,
+template <int NV, int NR, typename KT>
+void pv_tile(const KT* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp, float* o,
              float* den) {   // head i: probs p + i * Sp, sums o + i * hd, den[i]
   constexpr int64_t hd = NV * SWK_W;
   vec acc[NR][NV];
@@ -247,10 +263,10 @@ void pv_tile(const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const f
   }
   for (int64_t s = s0; s < s1; s++) {
     if (!vis[s]) continue;
-    const float* vr = V + s * hd;
+    const KT* vr = V + s * hd;
     vec vv[NV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; v++) vv[v] = vld(vr + v * SWK_W);
+    for (int v = 0; v < NV; v++) vv[v] = kld(vr + v * SWK_W);
 #pragma GCC unroll 4
     for (int i = 0; i < NR; i++) {
       const float e = p[i * Sp + s];
@@ -268,26 +284,26 @@ void pv_tile(const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const f
 }
 
 // pv_tile for n <= NR heads
-template <int NV, int NR>
-void pv_heads(int64_t n, const float* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp,
+template <int NV, int NR, typename KT>
+void pv_heads(int64_t n, const KT* V, int64_t s0, int64_t s1, const uint8_t* vis, const float* p, int64_t Sp,
               float* o, float* den) {
   if constexpr (NR > 1)
-    if (n < NR) return pv_heads<NV, NR - 1>(n, V, s0, s1, vis, p, Sp, o, den);
-  pv_tile<NV, NR>(V, s0, s1, vis, p, Sp, o, den);
+    if (n < NR) return pv_heads<NV, NR - 1, KT>(n, V, s0, s1, vis, p, Sp, o, den);
+  pv_tile<NV, NR, KT>(V, s0, s1, vis, p, Sp, o, den);
 }
 
 #if SWK_W == 16
 // attend_row for NH query heads of one KV head and one token (hd = 64): the same ops per head in the same order
 // (so the same bits), their weighted sums of V rows interleaved (pv_tile): each head's chain of FMAs waits on its
 // own latency, so one head per loop left the cores idle (22% of a SmolLM2 verify pass of 8 was attention).
-template <int NH>
-void attend_heads(const float* q, const float* K, const float* V, const uint8_t* vis, int64_t S, float scale,
+template <int NH, typename KT>
+void attend_heads(const float* q, const KT* K, const KT* V, const uint8_t* vis, int64_t S, float scale,
                   float* p, int64_t Sp, float* out) {
   constexpr int64_t hd = 64, NV = hd / SWK_W;
   for (int i = 0; i < NH; i++) head_probs(q + i * hd, K, vis, S, hd, scale, p + i * Sp);
   alignas(64) float o[NH * hd] = {};
   float den[NH] = {};
-  pv_tile<NV, NH>(V, 0, S, vis, p, Sp, o, den);
+  pv_tile<NV, NH, KT>(V, 0, S, vis, p, Sp, o, den);
   for (int i = 0; i < NH; i++) {
     const vec inv = vset1(1.0f / den[i]);
     for (int v = 0; v < NV; v++) vst(out + i * hd + v * SWK_W, vmul(vld(o + i * hd + v * SWK_W), inv));
@@ -299,7 +315,8 @@ void attend_heads(const float* q, const float* K, const float* V, const uint8_t*
 // head_scores for two rows at once over [s0, s1), 8 keys of each per hsum16 (its lanes are independent vsums, so each
 // score keeps its bits): half the loads per FMA of one row's 16 keys. Keys past the last full block of 16 in [0, S)
 // go through dot(), as in head_scores.
-void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t* va, const uint8_t* vb, int64_t s0,
+template <typename KT>
+void pair_scores(const float* qa, const float* qb, const KT* K, const uint8_t* va, const uint8_t* vb, int64_t s0,
                  int64_t s1, int64_t S, int64_t hd, float scale, float* pa, float* pb, float& ma, float& mb) {
   const int64_t nv = hd / SWK_W, end = std::min(s1, S / 16 * 16);
   vec mv = vset1(-INFINITY);
@@ -312,7 +329,7 @@ void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t
       const vec a = vld(qa + v * SWK_W), b = vld(qb + v * SWK_W);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; j++) {
-        const vec k = vld(K + (s + j) * hd + v * SWK_W);
+        const vec k = kld(K + (s + j) * hd + v * SWK_W);
         acc[j] = vfma(a, k, acc[j]);
         acc[8 + j] = vfma(b, k, acc[8 + j]);
       }
@@ -346,9 +363,9 @@ void pair_scores(const float* qa, const float* qb, const float* K, const uint8_t
 // Tokens [t0, t1) x the G query heads of KV head g; q rows in qkv [T, NQKV], results into att [T, H, hd]; vis rows
 // of VS bytes, of which slots [0, S) are read (every visible slot of these rows lies below S).
 // Scratch: p [(t1 - t0) * G, Sp], o [(t1 - t0) * G, hd], den and mx [(t1 - t0) * G].
-template <int NV>
+template <int NV, typename KT>
 void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_t g, int64_t G, int64_t H,
-                  const float* K, const float* V, const uint8_t* vis, int64_t VS, int64_t S, float scale, float* p,
+                  const KT* K, const KT* V, const uint8_t* vis, int64_t VS, int64_t S, float scale, float* p,
                   int64_t Sp, float* o, float* den, float* mx, float* att) {
   constexpr int64_t hd = NV * SWK_W;
   constexpr int64_t TS = std::max<int64_t>(16, 6144 / hd / 16 * 16);   // a tile of K or V rows: ~24 KB, in L1
@@ -381,7 +398,7 @@ void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_
     for (int64_t t = t0; t < t1; t++)
       for (int64_t i = 0; i < G; i += NR) {
         const int64_t r = (t - t0) * G + i, n = std::min<int64_t>(NR, G - i);
-        pv_heads<NV, NR>(n, V, s0, s1, vis + t * VS, p + r * Sp, Sp, o + r * hd, den + r);
+        pv_heads<NV, NR, KT>(n, V, s0, s1, vis + t * VS, p + r * Sp, Sp, o + r * hd, den + r);
       }
   }
   for (int64_t r = 0; r < R; r++) {
@@ -393,7 +410,8 @@ void attend_group(const float* qkv, int64_t NQKV, int64_t t0, int64_t t1, int64_
 
 // The layer loop of swk_layers and swk_layers_multi: rows of one cache (kvs null: the table's P_KV) or of several
 // (row t reads and writes the caches kvs[row_cache[t] * n_layers + l], one per layer; row_cache nondecreasing, so
-// each cache's rows are one contiguous segment). Arguments as swk_layers' (below).
+// each cache's rows are one contiguous segment), their elements KT. Arguments as swk_layers' (below).
+template <typename KT>
 int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T, int64_t D,
            int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
            const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S, float* h,
@@ -469,8 +487,8 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
       blk.push_back(T);
     }
     const int64_t nblk = tiled ? (int64_t)blk.size() - 1 : 0, per_thread = rmax * (Sp + hd + 2);
-    auto group_fn = NVh == 2 ? attend_group<2> : NVh == 4 ? attend_group<4> : NVh == 8 ? attend_group<8>
-                                                                              : attend_group<16>;
+    auto group_fn = NVh == 2 ? attend_group<2, KT> : NVh == 4 ? attend_group<4, KT>
+                    : NVh == 8 ? attend_group<8, KT> : attend_group<16, KT>;
     std::vector<float> scratch;
     if (tiled) scratch.resize((size_t)nthreads * per_thread);
     else probs.resize((size_t)nthreads * 4 * Sp);
@@ -478,7 +496,7 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
       const uint64_t* P = table + li * NPTR;
       const int* wt = wtypes + li * 4;
       // the layer's cache of row t
-      auto cache_of = [&](int64_t t) { return (float*)(kvs ? kvs[row_cache[t] * n_layers + li] : P[P_KV]); };
+      auto cache_of = [&](int64_t t) { return (KT*)(kvs ? kvs[row_cache[t] * n_layers + li] : P[P_KV]); };
       if (!flags[2 * li]) {
         rmsnorm_rows(h, (const float*)P[P_ATTN_NORM], x.data(), T, D, eps);
         linear_any(wt[0], x.data(), T, D, (const void*)P[P_WQKV], (const float*)P[P_WQKV_SCALE], NQKV, qkv.data(),
@@ -486,15 +504,15 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
         const int64_t plane = KV * max_slots * hd;   // K, then V
         for (int64_t t = 0; t < T; t++) {
           float* r = qkv.data() + t * NQKV;
-          float* kv = cache_of(t);
+          KT* kv = cache_of(t);
           if (P[P_BQKV]) {
             const float* b = (const float*)P[P_BQKV];
             for (int64_t i = 0; i < NQKV; i++) r[i] += b[i];
           }
           rope_row(r, H + KV, hd, cos_t + t * (hd / 2), sin_t + t * (hd / 2));   // q and k heads
           for (int64_t g = 0; g < KV; g++) {
-            memcpy(kv + (g * max_slots + slots[t]) * hd, r + (H + g) * hd, hd * sizeof(float));
-            memcpy(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd * sizeof(float));
+            kst(kv + (g * max_slots + slots[t]) * hd, r + (H + g) * hd, hd);
+            kst(kv + plane + (g * max_slots + slots[t]) * hd, r + (H + KV + g) * hd, hd);
           }
         }
         if (tiled) {   // a pass of several tokens: items of (KV head, block of tokens), see attend_group
@@ -502,8 +520,8 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
             const int64_t g = j / nblk, b = j % nblk, t0 = blk[b], t1 = blk[b + 1];
             float* w = scratch.data() + (size_t)tid * per_thread;
             float *p = w, *o = p + rmax * Sp, *den = o + rmax * hd, *mx = den + rmax;
-            const float* kv = cache_of(t0);
-            const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+            const KT* kv = cache_of(t0);
+            const KT *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             const int64_t e = *std::max_element(ext.begin() + t0, ext.begin() + t1);
             group_fn(qkv.data(), NQKV, t0, t1, g, G, H, Kg, Vg, vis, S, e, scale, p, Sp, o, den, mx, att.data());
           });
@@ -516,13 +534,13 @@ int layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uin
             const int64_t nh = std::min(per, g * G + G - h0), e = ext[t];
             float* p = probs.data() + (size_t)tid * 4 * Sp;
             const float* q = qkv.data() + t * NQKV + h0 * hd;
-            const float* kv = cache_of(t);
-            const float *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
+            const KT* kv = cache_of(t);
+            const KT *Kg = kv + g * max_slots * hd, *Vg = kv + plane + g * max_slots * hd;
             float* out = att.data() + (t * H + h0) * hd;
 #if SWK_W == 16
-            if (nh == 4) return attend_heads<4>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
-            if (nh == 3) return attend_heads<3>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
-            if (nh == 2) return attend_heads<2>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
+            if (nh == 4) return attend_heads<4, KT>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
+            if (nh == 3) return attend_heads<3, KT>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
+            if (nh == 2) return attend_heads<2, KT>(q, Kg, Vg, vis + t * S, e, scale, p, Sp, out);
 #endif
             for (int64_t i = 0; i < nh; i++)
               attend_row(q + i * hd, Kg, Vg, vis + t * S, e, hd, scale, p, out + i * hd);
@@ -567,18 +585,22 @@ extern "C" {
 // Runs layers [0, n_layers) of the table (the caller offsets it to its start layer) over residual h [T, D]
 // (updated in place).
 //   table: n_layers * NPTR addresses per layer, in enum order (P_BQKV and the *_SCALE entries may be 0; P_KV is
-//          the layer's cache [2, KV, max_slots, hd] float32); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
+//          the layer's cache [2, KV, max_slots, hd] of kv_type); wtypes: n_layers * 4 (wqkv, wo, gate_up, down:
 //          0 float32, 1 bfloat16, 2 int8 with its scale, 3 GGUF blocks: the address is a descriptor, see
 //          linear_blocks); flags: n_layers * 2 bytes (attention, MLP skipped).
+//   kv_type: the cache's elements, KV_F32 (float32) or KV_F16 (float16 bits: k and v rounded to nearest even when
+//          written, widened exactly when read).
 //   slots [T]: cache slot of each new token; cos/sin [T, hd/2]; vis [T, S] bytes: token t attends slot s
 //          (every row sees at least one slot, S <= max_slots).
 // Returns 0, -1 on bad arguments (nothing computed) or -2 out of memory (h and the cache partly written).
 int swk_layers(int64_t n_layers, const uint64_t* table, const int* wtypes, const uint8_t* flags, int64_t T,
                int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale, int64_t max_slots,
                const int64_t* slots, const float* cos_t, const float* sin_t, const uint8_t* vis, int64_t S,
-               float* h, int nthreads) {
-  return layers(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis,
-                S, h, nthreads, 0, nullptr, nullptr);
+               float* h, int nthreads, int kv_type) {
+  auto run = kv_type == KV_F16 ? layers<uint16_t> : layers<float>;
+  if (kv_type != KV_F32 && kv_type != KV_F16) return -1;
+  return run(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis, S,
+             h, nthreads, 0, nullptr, nullptr);
 }
 
 // swk_layers over the rows of several sequences, each with its own cache (one pass reads every weight once for all
@@ -589,10 +611,11 @@ int swk_layers_multi(int64_t n_layers, const uint64_t* table, const int* wtypes,
                      int64_t D, int64_t H, int64_t KV, int64_t hd, int64_t I, float eps, float scale,
                      int64_t max_slots, const int64_t* slots, const float* cos_t, const float* sin_t,
                      const uint8_t* vis, int64_t S, float* h, int nthreads, int64_t n_caches, const uint64_t* kvs,
-                     const int64_t* row_cache) {
-  if (!kvs) return -1;
-  return layers(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis,
-                S, h, nthreads, n_caches, kvs, row_cache);
+                     const int64_t* row_cache, int kv_type) {
+  auto run = kv_type == KV_F16 ? layers<uint16_t> : layers<float>;
+  if (!kvs || (kv_type != KV_F32 && kv_type != KV_F16)) return -1;
+  return run(n_layers, table, wtypes, flags, T, D, H, KV, hd, I, eps, scale, max_slots, slots, cos_t, sin_t, vis, S,
+             h, nthreads, n_caches, kvs, row_cache);
 }
 
 // 1 (the default): passes of several tokens attend in tiles (attend_group); 0: per-token work items, as a decode

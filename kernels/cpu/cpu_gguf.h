@@ -73,6 +73,31 @@ inline float h2f(const uint8_t* p) {
 #endif
 }
 
+// float32 -> float16 bits, rounded to nearest even (what torch's .half() and vcvtps2ph give): the KV cache's
+// 16-bit format (kernels/cpu/cpu_decode.cpp). Overflow goes to inf, NaN stays a (quiet) NaN.
+inline uint16_t f2h(float f) {
+#if defined(__F16C__)
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return sign | 0x7E00;
+  if (ax >= 0x47800000u) return sign | 0x7C00;   // >= 65536: inf (65520 up rounds there below)
+  const int e = (int)(ax >> 23) - 127;
+  if (e < -25) return sign;
+  const uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;   // value = m * 2^(e - 23)
+  // a normal half keeps 11 of m's 24 bits; a subnormal counts units of 2^-24, i.e. m * 2^(e + 1)
+  const int d = e >= -14 ? 13 : -(e + 1);
+  uint32_t q = m >> d;
+  const uint32_t rem = m & ((1u << d) - 1), half = 1u << (d - 1);
+  q += rem > half || (rem == half && (q & 1));
+  // a rounding carry into the next binade moves the exponent field by one, as the sum does
+  return sign | (uint16_t)(e >= -14 ? (uint32_t)(e + 15) * 1024 + q - 1024 : q);
+#endif
+}
+
 // Q4_K / Q5_K: the 8 six-bit (scale, min) pairs packed in the 12 bytes at s
 inline void k_scale_min(const uint8_t* s, uint8_t (&sc)[8], uint8_t (&mn)[8]) {
   for (int j = 0; j < 4; j++) {

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_gguf.h"   // h2f / f2h: float16's scalar conversions
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SWK_ISA 512
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -223,6 +225,28 @@ static inline vec vld_i8_tail(const void* p, int n) {
   return vld_i8(buf);
 }
 #endif
+
+// ---- float16 rows (the KV cache's 16-bit format): SWK_W halves widened to a vec, exactly ---------------------------
+#if SWK_ISA == 512
+static inline vec vld_h(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+#elif SWK_ISA == 256 && defined(__F16C__)
+static inline vec vld_h(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+#else
+static inline vec vld_h(const uint16_t* p) {
+  alignas(64) float b[SWK_W];
+  for (int i = 0; i < SWK_W; i++) b[i] = swk_gguf::h2f((const uint8_t*)(p + i));
+  return vld(b);
+}
+#endif
+// n floats stored as float16 bits, rounded to nearest even (8 at a time where F16C has an instruction for it)
+static inline void vst_h_row(uint16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) dst[i] = swk_gguf::f2h(src[i]);
+}
 
 // ---- 16-byte integer vectors: cpu_quant.cpp's block decoders (float activations) -----------------------------------
 #if SWK_ISA

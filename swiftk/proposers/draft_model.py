@@ -44,7 +44,7 @@ def load_draft_model(engine, ckpt, weights, activations) -> "DraftModel":
         raise SwiftkError(f"draft_model's context length {ckpt.config.max_position} is shorter than "
                           f"max_context {engine.max_context}")
     model = Model(ckpt.config, ckpt.tensors, device=engine.device, dtype=engine.dtype, weights=weights,
-                  activations=activations)
+                  activations=activations, kv_cache=str(engine.model.kv_dtype).replace("torch.", ""))
     ckpt.tensors = {}
     info = {"model": dict(ckpt.identity), "weights": model.weights, "weight_bytes": model.weight_bytes(),
             "weight_ratio": round(model.weight_bytes() / max(1, engine.model.weight_bytes()), 4)}

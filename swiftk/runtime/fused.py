@@ -15,6 +15,11 @@ from .weights import KERNEL_MAX_ROWS, fused_layer_table
 BATCH_MAX_ROWS = 256
 
 
+def kv_type(cache) -> int:
+    """The C loop's code of the cache's element type (csrc/include/swiftk_cpu.h SWK_KV_*)."""
+    return {torch.float32: 0, torch.float16: 1}[cache.data.dtype]
+
+
 class FusedCPULayers:
     """Needs from Model: cfg, scale, inv_freq, layers, _fused_tables, _fused_fl, _rope_table, _check_tree_fits,
     _visibility, embed_rows, final_logits."""
@@ -53,7 +58,7 @@ class FusedCPULayers:
             if fn(b - a, table.data_ptr() + 8 * width * a, wtypes.data_ptr() + 16 * a, fl.data_ptr() + 2 * a, T,
                   c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, self.scale,
                   cache.max_slots, slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.data_ptr(), S,
-                  h.data_ptr(), torch.get_num_threads()) != 0:   # -1 arguments, -2 out of memory
+                  h.data_ptr(), torch.get_num_threads(), kv_type(cache)) != 0:   # -1 arguments, -2 out of memory
                 raise SwiftkError(f"cpu decode kernel failed a pass of {T} tokens over {S} slots (its arguments "
                                   "were rejected or its buffers could not be allocated)")
 
@@ -97,8 +102,8 @@ class FusedCPULayers:
             return [lg for g in groups for lg in self._forward_fused_batch(g)]
         c = self.cfg
         caches = [p.cache for p in parts]
-        if len({x.max_slots for x in caches}) != 1:
-            raise SwiftkError("forward_batch: the parts' caches must have the same number of slots")
+        if len({(x.max_slots, x.data.dtype) for x in caches}) != 1:
+            raise SwiftkError("forward_batch: the parts' caches must have the same number of slots and type")
         sizes = [p.tokens.shape[0] for p in parts]
         T = sum(sizes)
         visible = [self._visible(n, p.slots, p.cache, p.mask) for n, p in zip(sizes, parts)]
@@ -121,7 +126,7 @@ class FusedCPULayers:
                 c.n_layers, table.data_ptr(), wtypes.data_ptr(), fl.data_ptr(), T, c.hidden_size, c.n_heads,
                 c.n_kv_heads, c.head_dim, c.intermediate_size, c.rms_eps, self.scale, caches[0].max_slots,
                 slots64.data_ptr(), cos.data_ptr(), sin.data_ptr(), vis.contiguous().data_ptr(), S, h.data_ptr(),
-                torch.get_num_threads(), len(parts), kvs.data_ptr(), row_cache.data_ptr()) != 0:
+                torch.get_num_threads(), len(parts), kvs.data_ptr(), row_cache.data_ptr(), kv_type(caches[0])) != 0:
             raise SwiftkError(f"cpu decode kernel failed a batched pass of {T} tokens over {S} slots (its arguments "
                               "were rejected: a slot out of range, a row that sees none; or its buffers could not be "
                               "allocated)")

@@ -7,6 +7,26 @@ from .config import ModelConfig
 from ..errors import SwiftkError
 from .ops import get_ops
 
+# kv_cache= names: the cache's element type. float16 halves the bytes a step reads at long contexts (the CPU loop
+# rounds k and v when it writes them and widens them exactly when it reads them); it is a slightly different
+# numerical model than float32, and decoding is lossless with respect to the one that runs.
+KV_FORMATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def kv_dtype(kv_cache, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The cache's dtype for ``kv_cache`` (None: the compute dtype): on the CPU, float32 or float16 for a float32
+    model; elsewhere only the compute dtype (the GPU kernels attend over a cache of their own type)."""
+    if kv_cache is None:
+        return dtype
+    if kv_cache not in KV_FORMATS:
+        raise SwiftkError(f"kv_cache={kv_cache!r}: use one of {', '.join(KV_FORMATS)} (or None)")
+    want = KV_FORMATS[kv_cache]
+    cpu_ok = device.type == "cpu" and dtype == torch.float32 and want in (torch.float32, torch.float16)
+    if want != dtype and not cpu_ok:
+        raise SwiftkError(f"kv_cache={kv_cache!r} on {device} with {str(dtype).replace('torch.', '')} compute: "
+                          f"a 16-bit cache under float32 compute runs on the CPU only; else use the compute dtype")
+    return want
+
 
 class KVCache:
     """Static cache ``[n_layers, 2, n_kv_heads, max_slots, head_dim]``; ``length`` = committed tokens, moved only

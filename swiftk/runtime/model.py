@@ -29,7 +29,7 @@ from ..errors import SwiftkError, warn
 from .ops import cpu_layers, cpu_linear, cpu_quant, get_ops, native
 from .fused import FusedCPULayers
 from .graphs import GraphRunner
-from .kvcache import KVCache
+from .kvcache import KVCache, kv_dtype
 from .skipset import SkipSet
 from .ops.masks import BoundedMask, TreeMask
 from .weights import (KERNEL_MAX_ROWS, WEIGHT_FORMATS, BlockWeight, QWeight, _TRANSPOSED,  # noqa: F401
@@ -59,7 +59,7 @@ class Layer:
 
 class Model(FusedCPULayers):
     def __init__(self, cfg: ModelConfig, tensors: dict, device="cpu", dtype=torch.float32,
-                 weights: Optional[str] = None, activations: Optional[str] = None):
+                 weights: Optional[str] = None, activations: Optional[str] = None, kv_cache: Optional[str] = None):
         """``weights``: None (every weight in ``dtype``), or a compressed format for the matrices (projections and
         LM head) with float32 activations, CPU only: "bfloat16" (half the bytes) or "int8" (per-row symmetric,
         a quarter). Either is a different target model than the float32 weights (rounded), and speculative
@@ -68,10 +68,11 @@ class Model(FusedCPULayers):
         ``activations`` (native weights only): "int8" (default: each activation row quantized to int8 per block
         and multiplied in integers, the arithmetic of llama.cpp; kernels/cpu/cpu_qdot.cpp) or "float32" (the exact
         de-quantized model; kernels/cpu/cpu_quant.cpp). The two are slightly different numerical models; decoding is
-        lossless with respect to the one that runs."""
+        lossless with respect to the one that runs. ``kv_cache``: the cache's element type (kvcache.KV_FORMATS)."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
+        self.kv_dtype = kv_dtype(kv_cache, self.device, dtype)
         if weights is not None:
             if weights not in WEIGHT_FORMATS:
                 raise SwiftkError(f"weights={weights!r}: use one of {', '.join(WEIGHT_FORMATS)} (or None)")
@@ -176,7 +177,7 @@ class Model(FusedCPULayers):
             self.graphs.warm(cache)
 
     def new_cache(self, max_slots: int) -> KVCache:
-        return KVCache(self.cfg, max_slots, self.dtype, self.device, self.ops)
+        return KVCache(self.cfg, max_slots, self.kv_dtype, self.device, self.ops)
 
     def _layer_tensors(self):
         for L in self.layers:
@@ -202,7 +203,8 @@ class Model(FusedCPULayers):
         (short, weights, activations): every generate reports it, and walking the weights' formats took ~0.5 ms."""
         key = (short, self.weights, self.activations)
         if key not in self._arithmetic:
-            self._arithmetic[key] = self._describe(short)
+            kv = "" if self.kv_dtype == self.dtype else f", {str(self.kv_dtype)[6:]} KV cache"
+            self._arithmetic[key] = self._describe(short) + kv
         return self._arithmetic[key]
 
     def _describe(self, short: bool) -> str:
@@ -325,8 +327,8 @@ class Model(FusedCPULayers):
                 qk = rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd))   # q and k heads rotated together
                 q, k = qk[:, :H], qk[:, H:]
                 kv = cache.data[li]
-                kv[0, :, slots] = k.transpose(0, 1)
-                kv[1, :, slots] = qkv[:, (H + KV) * hd:].view(T, KV, hd).transpose(0, 1)
+                kv[0, :, slots] = k.transpose(0, 1).to(kv.dtype)
+                kv[1, :, slots] = qkv[:, (H + KV) * hd:].view(T, KV, hd).transpose(0, 1).to(kv.dtype)
                 o = linear(attend(q, kv), L.wo)
                 x, h = ops.fused_add_rmsnorm(o.reshape(T, -1), h, L.mlp_norm, c.rms_eps)
             elif not flags[2 * li + 1]:

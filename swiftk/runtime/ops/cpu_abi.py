@@ -6,7 +6,7 @@ import ctypes
 
 P, I64, INT, FLT, DBL = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_double
 _Q_LINEAR = [P, I64, I64, P, INT, I64, P, I64]   # x, M, K, w, type, N, y, ldy
-_LAYERS = [I64, P, P, P, I64, I64, I64, I64, I64, I64, FLT, FLT, I64, P, P, P, P, I64, P, INT]
+_LAYERS = [I64, P, P, P, I64, I64, I64, I64, I64, I64, FLT, FLT, I64, P, P, P, P, I64, P, INT]   # + kv_type
 
 # name: (return type, argument types)
 SIGNATURES = {
@@ -17,8 +17,8 @@ SIGNATURES = {
     "swk_linear": (INT, [P, I64, I64, P, INT, P, I64, P, INT]),
     "swk_vector_width": (INT, []),
     # cpu_decode.cpp: the fused layer loop
-    "swk_layers": (INT, _LAYERS),
-    "swk_layers_multi": (INT, _LAYERS + [I64, P, P]),
+    "swk_layers": (INT, _LAYERS + [INT]),
+    "swk_layers_multi": (INT, _LAYERS + [I64, P, P, INT]),
     "swk_layer_table_width": (INT, []),
     "swk_set_attention_tiles": (None, [INT]),
     # cpu_topk.cpp: top-k rows and acceptance's greedy walk
