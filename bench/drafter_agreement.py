@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from swiftk.proposers.draft_head import frequent_token_ids
 
     e = swiftk.load(a.model, persist=False)
-    text = C.corpus(e, ["stdlib", "site-packages", "docs"], a.tokens, progress=False)
+    text = C.corpus(e.target, ["stdlib", "site-packages", "docs"], a.tokens, progress=False)
     ids = frequent_token_ids(e.tokenizer, 8192, model_name=str(e.identity.get("name") or "model"))
     drafters = {lb: load(path, e.config) for lb, _, path in pairs}
     max_tli = max(d.cfg.tli for d, _ in drafters.values())

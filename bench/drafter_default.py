@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from swiftk.moa.method import load_drafter
 
     engines = {arm: swiftk.load(a.model) for arm in ARMS}
-    runner = load_drafter(engines["moa"], a.drafter)
+    runner = load_drafter(engines["moa"].target, a.drafter)
     workloads = [w for w in a.workload.split(",") if w]
     items = {}
     for w in workloads:

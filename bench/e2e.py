@@ -687,7 +687,7 @@ def _drafters(eng, specs) -> dict:
             raise SwiftkError(f"--drafter {s}: no such file")
         out[label] = path
     if not out:
-        p = drafter_path(eng)
+        p = drafter_path(eng.target)
         if p.is_file():
             out[""] = str(p)
         else:
@@ -708,7 +708,7 @@ def _moa_run(eng, drafters, m, ids, max_new, state) -> dict:
     """One swiftk-moa run with the drafter of its label (loaded before the clock starts)."""
     path = drafters[m[len(MOA) + 1:]]
     if (eng.info()["drafter"] or {}).get("path") != path:
-        load_drafter(eng, path)
+        load_drafter(eng.target, path)
     info = eng.info()["drafter"]
     r = _swiftk_run(eng, ids, max_new, state, method="moa")
     r["drafter"] = {k: info[k] for k in ("tli", "lsa", "parameters")}

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import swiftk
     from swiftk.proposers.draft_loop import draft
     from swiftk.options import DecodeConfig
-    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.gate import Gate
     from swiftk.decoding.sampler import Sampler, SamplingParams
     from swiftk.decoding.state import GateMemory
     from swiftk.decoding.loop import verify

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     configs = [(lb, sh) for lb in drafters for sh in SHAPES]
     info = {}
     for lb, path in drafters.items():   # warm-up, and each drafter's description
-        load_drafter(eng, path)
+        load_drafter(eng.target, path)
         _swiftk_run(eng, items[0]["ids"], 8, method="moa", ngram=False, history=False, datastore=False,
                     speculate="always")
         d = eng.info()["drafter"]
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         runs = {"ar": ref}
         for lb, sh in order:
             if eng.info()["drafter"]["path"] != drafters[lb]:
-                load_drafter(eng, drafters[lb])
+                load_drafter(eng.target, drafters[lb])
             runs[(lb, sh)] = _swiftk_run(eng, it["ids"], a.max_new_tokens, method="moa", ngram=False,
                                          history=False, datastore=False, speculate="always", **SHAPES[sh])
         for k, r in runs.items():

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from swiftk.moa.method import load_drafter
 
     e = swiftk.load(a.model, persist=False)
-    runner = load_drafter(e, a.drafter)
+    runner = load_drafter(e.target, a.drafter)
     text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, iteratively.\"\"\"\n    a, b = 0, 1\n"
     ids = (e.encode_prompt(text) * (a.context // 8 + 1))[: a.context]
     e.generate(ids, max_new_tokens=2, method="autoregressive", prefix_cache=False)

@@ -2,7 +2,7 @@
 
 The greedy output of every prompt is decoded once (swiftk autoregressive), and the target's top-k after each output
 token is taken from one teacher-forced pass. Each drafter then replays every output through the round generate runs
-(decoding.loop.speculative_decode: sources, tree, gate, source budget, acceptance, learning) against a recorded
+(decoding.loop.Decoder in a batch of one: sources, tree, gate, source budget, acceptance, learning) against a recorded
 target that scores every pass from those top-k lists, so the round accepts what agrees with the known output and
 Token Recycling learns the real scores; a fixed verify budget instead of the gate is speculate="always" with
 max_tree_nodes. Time per round = the round's measured drafting time + the cost table's verify pass,
@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
-from swiftk.decoding.costs import CostModel, Gate
-from swiftk.decoding.loop import speculative_decode, verify
+from swiftk.decoding.gate import Gate
+from swiftk.target.costs import CostModel
+from swiftk.decoding.batch import Batch
+from swiftk.decoding.loop import Decoder, verify
 from swiftk.decoding.output import TokenSink
 from swiftk.decoding.sampler import Sampler, SamplingParams
 from swiftk.decoding.session import Session
@@ -180,7 +182,7 @@ class Ours:
         pass
 
     def sources(self, cfg) -> list:
-        out = free_sources(self.eng, self.state, cfg)
+        out = free_sources(self.state, cfg, self.eng.config.vocab_size, self.eng.corpus)
         for src in out:
             if src.learns:
                 src.learn = _recorded_rows_only(src.learn)
@@ -234,8 +236,21 @@ class _ExternalSource(FreeSource):
 
 
 # ---------------------------------------------------------------- the replay: generate's round on a recorded target
+def _decode_alone(s: Session, sources: list):
+    """The call's rounds until done, as generate drives a lone call (a batch of one); its DecodeStats."""
+    d, batch = Decoder(s, None, sources), Batch(s.model, whole_prompts=True)
+    batch.add(d)
+
+    def failed(_, e):
+        raise e
+
+    while not d.done:
+        batch.step(failed)
+    return d.close()
+
+
 def replay(eng, drafter, rows: list, costs, budget: int = 0) -> dict:
-    """Replays ``rows`` through ``drafter`` with the round generate runs (decoding.loop.speculative_decode) against
+    """Replays ``rows`` through ``drafter`` with the round generate runs (decoding.loop.Decoder, driven by a Batch of one) against
     a :class:`RecordedTarget`; ``budget`` 0: the gate sizes each tree, else every tree keeps its ``budget``
     likeliest nodes (speculate="always"). Time per round: the round's measured drafting time (proposals and the
     tree) plus the cost table's verify pass. Returns totals and the predicted speed."""
@@ -252,7 +267,7 @@ def replay(eng, drafter, rows: list, costs, budget: int = 0) -> dict:
         sink = TokenSink(eng.tokenizer, len(out))
         s = Session(target, eng.cache, costs, Gate(costs, state.gate, cfg), Sampler(SamplingParams(), "cpu"), sink,
                     cfg, list(row["ids"]), [x.name for x in sources])
-        st = speculative_decode(s, None, sources)
+        st = _decode_alone(s, sources)
         if sink.ids != out:
             raise RuntimeError(f"replay of {row['id']} left the recorded output at token "
                                f"{next(i for i, (a, b) in enumerate(zip(sink.ids + [-1], out)) if a != b)}")

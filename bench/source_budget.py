@@ -1,4 +1,4 @@
-"""The free sources' host-time budget (swiftk.decoding.costs.SourceBudget) on and off, side by side in one process:
+"""The free sources' host-time budget (swiftk.decoding.budget.SourceBudget) on and off, side by side in one process:
 swiftk autoregressive, the default, and the default with every source consulted every round, interleaved prompt by
 prompt (the order alternating), each speculative arm with its own learned state per workload. Prints default ÷ AR
 per workload for both and how many prompts each ran slower than AR. Wall time with the prefill; every output must

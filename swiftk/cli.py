@@ -57,98 +57,9 @@ def _main(argv) -> int:
 
     ap = argparse.ArgumentParser(prog="swiftk", description="Lossless self-speculative decoding (SWIFT)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-
-    g = sub.add_parser("generate", help="generate text")
-    g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
-    _common(g)
-    g.add_argument("--max-new-tokens", "-n", type=int, default=128)
-    g.add_argument("--method", default=None, choices=list(methods.names()),
-                   help="default: swift, or draft_model with --draft-model")
-    g.add_argument("--draft-model", help="a smaller model with the same tokenizer (registry name or path) drafting "
-                   "for the target: method draft_model")
-    g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
-    g.add_argument("--temperature", "-t", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--json", action="store_true", help="print text and statistics as JSON")
-    g.add_argument("--drafter", help="moa: a trained drafter file (default: this model's, see train-drafter)")
-    g.add_argument("--skip-set", help="a saved skip set (JSON): swift starts from it without optimizing; static "
-                   "decodes with it")
-    g.add_argument("--save-skip-set", help="write the skip set found to this JSON file")
-    g.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
-                   help="SWIFT option, e.g. --swift skip_ratio=0.4 --swift max_tree_nodes=16")
-
-    o = sub.add_parser("optimize", help="Self-SD: search a static skip set offline (tokens/s on calibration prompts)")
-    _common(o)
-    o.add_argument("--prompts", required=True, help="calibration prompts: .jsonl (prompt/text/turns) or one per line")
-    o.add_argument("--out", required=True, help="skip-set JSON to write (use with --method static --skip-set)")
-    o.add_argument("--iterations", type=int, default=30, help="skip sets to evaluate in all (resumed ones count)")
-    o.add_argument("--init", type=int, default=8, help="random sets before Bayesian optimization starts")
-    o.add_argument("--max-new-tokens", "-n", type=int, default=64)
-    o.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    o.add_argument("--state", help="search state file (default OUT.state.json); an existing one is resumed")
-    o.add_argument("--seed", type=int, default=0)
-
-    t = sub.add_parser("train-drafter", help="train the MoA drafter of a model on CPU (teacher-forced, resumable)")
-    t.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
-    t.add_argument("--data", action="append", default=None, metavar="SOURCE",
-                   help="'stdlib', 'site-packages' (installed Python sources), 'docs' (prose under /usr/share/doc and "
-                   "package descriptions), a .jsonl of prompts {text, chat} (the document is the prompt plus the "
-                   "model's greedy answer) or a text file; repeatable (default: stdlib, site-packages, docs)")
-    t.add_argument("--tokens", type=int, default=1_000_000, help="corpus size in tokens (5%% held out)")
-    t.add_argument("--answer-tokens", type=int, default=128, help="tokens of each generated answer")
-    t.add_argument("--out", help="drafter file (default: where generate(method='moa') looks for it)")
-    t.add_argument("--chunk", type=int, default=384, help="tokens per training chunk")
-    t.add_argument("--reuse", type=int, default=2, help="steps that train on one target pass's features")
-    t.add_argument("--tli", type=int, default=0, help="target layers that finish each draft step")
-    t.add_argument("--no-lsa", action="store_true", help="ablation: last target layer's K/V instead of LSA")
-    t.add_argument("--steps", type=int, default=800)
-    t.add_argument("--batch", type=int, default=4, help="chunks per step")
-    t.add_argument("--lr", type=float, default=2e-3)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--resume", action="store_true", help="continue from OUT.ckpt (same settings)")
-
-    p = sub.add_parser("pull", help="download a registry model into the cache")
-    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
-    p.add_argument("--force", action="store_true", help="download and verify again")
-    p.add_argument("--verify", action="store_true",
-                   help="re-hash a cached copy in full (every load checks only 3 MiB of it); a bad copy is deleted")
-
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the [serve] extra); see docs/serve.md")
-    _common(s)
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-context", type=int, default=None, help="tokens of context (default: the model's, capped)")
-    s.add_argument("--served-model-name", help="the model id clients send (default: --model's name)")
-    s.add_argument("--method", default=None, choices=list(methods.names()),
-                   help="default: swift, or draft_model with --draft-model")
-    s.add_argument("--draft-model", help="a smaller model with the same tokenizer drafting for the target")
-    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' (repeatable); default: no key needed")
-    s.add_argument("--history-scope", default="server", choices=["server", "key"],
-                   help="whose earlier outputs draft a response: every client's (server) or the same API key's")
-    s.add_argument("--max-batch", type=int, default=None,
-                   help="requests decoding together, every round in one pass (default: sized to the machine)")
-    s.add_argument("--queue-size", type=int, default=16, help="requests waiting for a slot before HTTP 429")
-    s.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file replacing the model's "
-                   "(e.g. one that defines tools in the Hermes <tool_call> format)")
-    s.add_argument("--allowed-origins", default="", metavar="ORIGINS",
-                   help="comma-separated origins a browser may call from (CORS), or '*'; default: none")
-    s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
-                   help="decode option for every request, or optimizer option for the engine")
-    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-
-    x = sub.add_parser("export-hf", help="write a model as a Hugging Face directory (for vLLM, transformers)")
-    x.add_argument("model", help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
-    x.add_argument("out", help="the folder to create")
-    x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    x.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-
-    i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
-    _common(i)
+    names = list(methods.names())
+    for add in (_generate_args, _optimize_args, _train_args, _pull_args, _serve_args, _export_args, _info_args):
+        add(sub, names)
 
     args = ap.parse_args(argv)
     try:
@@ -170,6 +81,112 @@ def _main(argv) -> int:
         print(f"swiftk: error: {e}", file=sys.stderr)
         return 1
 
+
+
+def _generate_args(sub, names: list) -> None:
+    g = sub.add_parser("generate", help="generate text")
+    g.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
+    _common(g)
+    g.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    g.add_argument("--method", default=None, choices=names,
+                   help="default: swift, or draft_model with --draft-model")
+    g.add_argument("--draft-model", help="a smaller model with the same tokenizer (registry name or path) drafting "
+                   "for the target: method draft_model")
+    g.add_argument("--exit-layer", type=int, default=None, help="early_exit: the draft runs layers 0..E-1")
+    g.add_argument("--temperature", "-t", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    g.add_argument("--drafter", help="moa: a trained drafter file (default: this model's, see train-drafter)")
+    g.add_argument("--skip-set", help="a saved skip set (JSON): swift starts from it without optimizing; static "
+                   "decodes with it")
+    g.add_argument("--save-skip-set", help="write the skip set found to this JSON file")
+    g.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
+                   help="SWIFT option, e.g. --swift skip_ratio=0.4 --swift max_tree_nodes=16")
+
+
+def _optimize_args(sub, names: list) -> None:
+    o = sub.add_parser("optimize", help="Self-SD: search a static skip set offline (tokens/s on calibration prompts)")
+    _common(o)
+    o.add_argument("--prompts", required=True, help="calibration prompts: .jsonl (prompt/text/turns) or one per line")
+    o.add_argument("--out", required=True, help="skip-set JSON to write (use with --method static --skip-set)")
+    o.add_argument("--iterations", type=int, default=30, help="skip sets to evaluate in all (resumed ones count)")
+    o.add_argument("--init", type=int, default=8, help="random sets before Bayesian optimization starts")
+    o.add_argument("--max-new-tokens", "-n", type=int, default=64)
+    o.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    o.add_argument("--state", help="search state file (default OUT.state.json); an existing one is resumed")
+    o.add_argument("--seed", type=int, default=0)
+
+
+def _train_args(sub, names: list) -> None:
+    t = sub.add_parser("train-drafter", help="train the MoA drafter of a model on CPU (teacher-forced, resumable)")
+    t.add_argument("--model", "-m", default=DEFAULT_MODEL, help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
+    t.add_argument("--data", action="append", default=None, metavar="SOURCE",
+                   help="'stdlib', 'site-packages' (installed Python sources), 'docs' (prose under /usr/share/doc and "
+                   "package descriptions), a .jsonl of prompts {text, chat} (the document is the prompt plus the "
+                   "model's greedy answer) or a text file; repeatable (default: stdlib, site-packages, docs)")
+    t.add_argument("--tokens", type=int, default=1_000_000, help="corpus size in tokens (5%% held out)")
+    t.add_argument("--answer-tokens", type=int, default=128, help="tokens of each generated answer")
+    t.add_argument("--out", help="drafter file (default: where generate(method='moa') looks for it)")
+    t.add_argument("--chunk", type=int, default=384, help="tokens per training chunk")
+    t.add_argument("--reuse", type=int, default=2, help="steps that train on one target pass's features")
+    t.add_argument("--tli", type=int, default=0, help="target layers that finish each draft step")
+    t.add_argument("--no-lsa", action="store_true", help="ablation: last target layer's K/V instead of LSA")
+    t.add_argument("--steps", type=int, default=800)
+    t.add_argument("--batch", type=int, default=4, help="chunks per step")
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", action="store_true", help="continue from OUT.ckpt (same settings)")
+
+
+def _pull_args(sub, names: list) -> None:
+    p = sub.add_parser("pull", help="download a registry model into the cache")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=list(MODELS))
+    p.add_argument("--force", action="store_true", help="download and verify again")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash a cached copy in full (every load checks only 3 MiB of it); a bad copy is deleted")
+
+
+def _serve_args(sub, names: list) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the [serve] extra); see docs/serve.md")
+    _common(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-context", type=int, default=None, help="tokens of context (default: the model's, capped)")
+    s.add_argument("--served-model-name", help="the model id clients send (default: --model's name)")
+    s.add_argument("--method", default=None, choices=names,
+                   help="default: swift, or draft_model with --draft-model")
+    s.add_argument("--draft-model", help="a smaller model with the same tokenizer drafting for the target")
+    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (repeatable); default: no key needed")
+    s.add_argument("--history-scope", default="server", choices=["server", "key"],
+                   help="whose earlier outputs draft a response: every client's (server) or the same API key's")
+    s.add_argument("--max-batch", type=int, default=None,
+                   help="requests decoding together, every round in one pass (default: sized to the machine)")
+    s.add_argument("--queue-size", type=int, default=16, help="requests waiting for a slot before HTTP 429")
+    s.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template file replacing the model's "
+                   "(e.g. one that defines tools in the Hermes <tool_call> format)")
+    s.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                   help="comma-separated origins a browser may call from (CORS), or '*'; default: none")
+    s.add_argument("--swift", action="append", default=[], metavar="KEY=VALUE",
+                   help="decode option for every request, or optimizer option for the engine")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _export_args(sub, names: list) -> None:
+    x = sub.add_parser("export-hf", help="write a model as a Hugging Face directory (for vLLM, transformers)")
+    x.add_argument("model", help=f"registry name ({', '.join(MODELS)}), .gguf path or HF dir")
+    x.add_argument("out", help="the folder to create")
+    x.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    x.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+
+
+def _info_args(sub, names: list) -> None:
+    i = sub.add_parser("info", help="model config, sizes, cache location, kernel backends")
+    _common(i)
 
 def _export_hf(args) -> int:
     from .integrations.hf_export import export_hf   # lazy: this subcommand's implementation (imports torch)
@@ -259,7 +276,7 @@ def _generate(a) -> int:
 
 
 def _optimize(a) -> int:
-    from .proposers.layerskip.offline import OfflineSearch, read_prompts   # lazy: this subcommand's implementation
+    from .skipset_search import OfflineSearch, read_prompts   # lazy: this subcommand's implementation
 
     prompts = read_prompts(a.prompts)
     state = a.state or (a.out + ".state.json")
@@ -292,14 +309,18 @@ def _train_drafter(a) -> int:
     eng = swiftk.load(a.model, persist=False)
     from .moa.method import trained_drafter_path   # lazy: imports torch (see _main)
 
-    out = Path(a.out) if a.out else trained_drafter_path(eng)
+    out = Path(a.out) if a.out else trained_drafter_path(eng.target)
     out.parent.mkdir(parents=True, exist_ok=True)
     check_output_path(str(out), "--out")
     data = a.data or ["stdlib", "site-packages", "docs"]
-    text = corpus.corpus(eng, data, a.tokens, answer_tokens=a.answer_tokens, progress=sys.stderr.isatty())
+    def answer(prompt: str, chat: bool) -> list:   # the target's own greedy answer (free drafts: exact, fast)
+        r = eng.generate(prompt, chat=chat, max_new_tokens=a.answer_tokens, method="ngram")
+        return r.prompt_ids + r.token_ids
+
+    text = corpus.corpus(eng.target, data, a.tokens, answer, a.answer_tokens, progress=sys.stderr.isatty())
     recipe = {"command": "swiftk " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["train-drafter"] else None,
               "swiftk": swiftk.__version__, "commit": _commit(), "data": data, "tokens": a.tokens}
-    rep = train.train(eng, text, out, steps=a.steps, batch=a.batch, chunk=a.chunk, reuse=a.reuse, lr=a.lr,
+    rep = train.train(eng.target, text, out, steps=a.steps, batch=a.batch, chunk=a.chunk, reuse=a.reuse, lr=a.lr,
                       seed=a.seed, resume=a.resume, progress=sys.stderr.isatty(), recipe=recipe, tli=a.tli,
                       log=None if sys.stderr.isatty() else (lambda line: print(line, file=sys.stderr, flush=True)),
                       lsa=not a.no_lsa)

@@ -2,14 +2,17 @@
 built once (draft head, corpus tables, trained drafters).
 
 One call of :meth:`Engine.generate` holds the engine's lock (two threads calling it serialize; the KV cache has one
-owner at a time), validates every option before any work, and hands the decode round (decoding/loop.py) a Session, the
-method's drafter and the free sources. Methods are objects (methods.py): no method has a branch here.
+owner at a time), validates every option before any work (:meth:`Engine.request`), opens the call on a batch slot (its
+KV cache, learned state, sink, Session and Decoder: :meth:`Engine.open_call`) and hands the decode round
+(decoding/loop.py) the Session, the method's drafter and the free sources. Methods are objects (methods.py) that see
+the engine's :class:`~swiftk.target.Target`, never the engine: no method has a branch here.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -18,29 +21,37 @@ import torch
 from . import methods
 from .runtime import skipset
 from .options import DecodeConfig, OptimizerConfig, option_names, split_options, updated
-from .decoding.costs import CostModel
-from .decoding.loop import speculative_decode
+from .target.costs import CostModel
+from .decoding.gate import Gate
+from .decoding.grammar import Grammar, ll_tokenizer
+from .decoding.loop import Decoder
+from .decoding.sampler import Sampler, SamplingParams
+from .decoding.session import Session
+from .proposers import FREE, free_sources
+from .proposers.user import check_proposers
 from .errors import SwiftkError, warn
 from .files import check_output_path
-from .decoding.output import GenerationResult, stream_pieces
-from .decoding.passes import autoregressive, full_logits, timed_passes
+from .decoding.output import (GenerationResult, TokenLogprobs, TokenSink, check_lengths, progress_bar, rate,
+                              stream_pieces)
+from .decoding.passes import full_logits, timed_passes
 from .decoding.prefix import may_reuse
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
 from .runtime.ops import cpu_layers, cpu_linear, describe
 from .runtime.weights import weight_pages
-from .proposers.datastore import EngineCorpus
-from .proposers.draft_head import engine_draft_head
+from .proposers.datastore import CorpusTables, Datastore
+from .proposers.draft_head import target_draft_head
 from .proposers.draft_model import load_draft_model
 from .decoding.state import LearnedState, load_persisted, state_file
-from .calls import SCRATCH, Calls
-from .requests import Slot, check_max_batch
+from .requests import Call, Request, Slot, check_max_batch, check_slots_fit, default_max_batch
 from .scheduler import Scheduler
+from .target import Target
 
+SCRATCH = 128   # slots past the context for the draft / matchness / verify scratch (context_window <= 120, trees <= 64)
 _DECODE_OPTS = option_names(DecodeConfig)
 _OPT_OPTS = option_names(OptimizerConfig)
 
 
-class Engine(EngineCorpus, Calls):
+class Engine:
     def __init__(self, checkpoint, device="cpu", dtype="float32", max_context: Optional[int] = None,
                  persist: Optional[bool] = None, weights: Optional[str] = None, activations: Optional[str] = None,
                  drafter=None, draft_model=None, kv_cache: Optional[str] = None,
@@ -92,31 +103,41 @@ class Engine(EngineCorpus, Calls):
             cuda_graphs = self.device.type == "cuda" and os.environ.get("SWIFTK_CUDA_GRAPHS", "1") != "0"
         if cuda_graphs:
             self.model.enable_graphs(self.cache)
-        self.costs = CostModel(self.model)
+        costs = CostModel(self.model)
         if self.device.type == "cpu":   # 8 passes (31 ms on SmolLM2, 0.23 s on a 1.5B) that also page weights in
-            self.costs.calibrate(*timed_passes(self.model, self.cache, 8), 8)
+            costs.calibrate(*timed_passes(self.model, self.cache, 8), 8)
+        self.target = Target(self.model, self.tokenizer, self.identity, max_context, self.cache.max_slots, costs,
+                             drafter)
         self._lock = threading.RLock()
-        self._busy, self._owner = False, None   # a call holds the KV cache (see _own)
+        self._busy, self._owner = False, None   # a call holds the KV cache (see hold)
         self._slots = [Slot(self.cache)]   # batch slots: a KV cache each (slot 0's is self.cache), made at first use
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
         self.state = LearnedState(self.config.n_layers, opt_cfg)
         self._states: dict = {}      # the other methods' learned states (fixed drafts learn their own)
-        self._resources: dict = {}   # built once per engine: draft head, corpus tables, trained drafter
-        self.drafter_file = drafter  # a trained MoA drafter (method="moa")
         if draft_model is not None:   # its vocabulary checked against ours, its cache beside ours
-            self.set_resource("draft_model", load_draft_model(self, draft_model, weights, activations))
-        self._corpus_job = None      # the corpus tables' build (corpus()), started below when drafts use them
+            self.set_resource("draft_model", load_draft_model(self.target, draft_model, weights, activations,
+                                                              self.decode_config.draft_vocab))
+        self.corpus_tables = CorpusTables(self.target)   # started now when drafts use them
         if self.decode_config.datastore:
-            self._start_corpus()
+            self.corpus_tables.start()
         # what generate's default method builds once (SWIFT's draft head: its token ranking takes ~1 s on a fresh
         # $SWIFTK_HOME) is built here, so a user's first call does not wait for it
-        methods.get(self.default_method).prepare(self, self.decode_config)
+        methods.get(self.default_method).prepare(self.target, self.decode_config)
         if drafter is not None:
-            methods.get("moa").prepare(self, self.decode_config)
+            methods.get("moa").prepare(self.target, self.decode_config)
         if self.persist:
             self._load_persisted(opt_cfg if opt_kw else None)
+
+    @property
+    def costs(self) -> CostModel:
+        """The measured cost model (the target's: every method and drafter prices with the same one)."""
+        return self.target.costs
+
+    @costs.setter
+    def costs(self, costs: CostModel) -> None:
+        self.target.costs = costs
 
     @property
     def default_method(self) -> str:
@@ -216,16 +237,7 @@ class Engine(EngineCorpus, Calls):
         req = self.request(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop, chat, callback,
                            progress, exit_layer, skip_set, state, proposers, _cancel, logprobs=logprobs,
                            grammar=grammar, **options)
-        with self._own():
-            call = self.open_call(req, 0)
-            try:
-                if call.decoder is None:
-                    stats = autoregressive(self.model, call.slot.cache, req.ids, call.sampler, call.sink, call.reuse)
-                else:
-                    stats = speculative_decode(call.decoder.s, call.decoder.drafter, call.decoder.sources)
-            finally:
-                call.end()
-            return self.close_call(call, stats)
+        return self.decode([req], 1)[0]
 
     def generate_many(self, prompts: Sequence, max_batch: Optional[int] = None, **kw) -> list:
         """``generate(p, **kw)`` for every prompt, decoded together: up to ``max_batch`` calls at once (default:
@@ -241,21 +253,31 @@ class Engine(EngineCorpus, Calls):
         reqs = [self.request(p, **kw) for p in prompts]
         max_batch = max(1, min(max_batch, len(reqs)))   # KV caches for the calls there are, not for the cap
         self.reserve_slots(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
+        return self.decode(reqs, max_batch)
+
+    def decode(self, reqs: Sequence[Request], max_batch: int) -> list:
+        """The results of ``reqs`` (from :meth:`request`), decoded by one scheduler with ``max_batch`` slots: the one
+        road of every call (a lone ``generate`` is a batch of one). A call that fails raises after the others
+        finish (the first such error, unchanged); an interrupt ends every call and propagates."""
         out: list = [None] * len(reqs)
         errors: list = []
-        with self._own():
+        with self.hold():
             sched = Scheduler(self, max_batch)
             for i, r in enumerate(reqs):
                 sched.submit(r, lambda res, err, i=i: errors.append(err) if err is not None else out.__setitem__(i, res))
-            sched.run_until_idle()
+            try:
+                sched.run_until_idle()
+            except BaseException as e:   # Ctrl-C mid-round: every call ends (its progress bar, its slot's record)
+                sched.cancel_all(e)
+                raise
         if errors:
             raise errors[0]
         return out
 
     @contextlib.contextmanager
-    def _own(self):
-        """The engine for one call: other threads wait; a call from inside this call (a callback calling back
-        into the engine) would reset the KV cache under it, so it is refused."""
+    def hold(self):
+        """The engine (its KV caches, its learned states) for one caller's rounds: other threads wait; a call from
+        inside them (a callback calling back into the engine) would reset a KV cache under it, so it is refused."""
         with self._lock:
             self._refuse_reentry()
             self._busy, self._owner = True, threading.get_ident()
@@ -279,23 +301,209 @@ class Engine(EngineCorpus, Calls):
             del self._states[next(iter(self._states))]
         return st
 
+    # ------------------------------------------------------------------ from a user's arguments to a call's result
+    def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
+        """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
+        the model ``tools`` (OpenAI's tool specs) when given."""
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise SwiftkError(f"token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})")
+            return ids
+        if chat:
+            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            if not self.tokenizer.chat_template:
+                raise SwiftkError("chat=True but this model has no chat template")
+            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                      **({"tools": tools} if tools else {}))
+            self.check_prompt_bytes(text)
+            ids = self.tokenizer.encode(text, add_bos=False)
+        else:
+            if not isinstance(prompt, str):
+                raise SwiftkError(f"prompt must be a string, a list of token ids or (chat=True) messages, "
+                                  f"got {type(prompt).__name__}")
+            self.check_prompt_bytes(prompt)
+            ids = self.tokenizer.encode(prompt)
+        if not prompt or not ids:
+            raise SwiftkError("prompt is empty")
+        return ids
+
+    @property
+    def prompt_char_limit(self) -> int:
+        """No text over this many characters fits the context, whatever it says (each token covers at most the
+        vocabulary's longest entry; a character is at least a byte)."""
+        return self.max_context * self.tokenizer.max_token_bytes
+
+    def check_prompt_bytes(self, text: str) -> None:
+        """Refuse, before tokenizing it, a text too long for the context in any tokenization: a huge input costs
+        ~250 MB of tokenizer memory per MB."""
+        if len(text) > self.prompt_char_limit:
+            n = len(text.encode("utf-8", "surrogatepass"))
+            least = -(-n // self.tokenizer.max_token_bytes)
+            raise SwiftkError(f"the prompt is {n} bytes: at least {least} tokens (no token of this vocabulary "
+                              f"covers more than {self.tokenizer.max_token_bytes} bytes), over the context "
+                              f"({self.max_context} tokens)")
+
+    def request(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
+                chat: bool = False, callback: Optional[Callable[[str], None]] = None,
+                progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
+                state: Optional[LearnedState] = None, proposers: Sequence = (),
+                _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None,
+                grammar: Optional[Grammar] = None, **options) -> Request:
+        """``generate``'s arguments checked, before any work: what a call (alone or in a batch) decodes from."""
+        m = methods.get(self.default_method if method is None else method)
+        decode_kw, opt_kw = split_options(options)
+        if opt_kw:
+            k = sorted(opt_kw)[0]
+            raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
+                              f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
+        cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
+        reuse_ok = may_reuse(cfg.prefix_cache, self._prefix_asked or decode_kw.get("prefix_cache") is True, self.model)
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
+        if not callable(callback) and callback is not None:
+            raise SwiftkError("callback must be callable")
+        if not isinstance(chat, bool):
+            raise SwiftkError(f"chat must be True or False, got {chat!r}")
+        if state is not None and not isinstance(state, LearnedState):
+            raise SwiftkError(f"state must be a LearnedState (eng.new_state()), got {type(state).__name__}")
+        if state is not None and state.n_layers != self.config.n_layers:
+            raise SwiftkError(f"state is for a {state.n_layers}-layer model, this one has {self.config.n_layers} layers")
+        sp = SamplingParams(temperature, top_k, top_p, seed).validate()
+        proposers = check_proposers(proposers, m, not sp.greedy and cfg.sampling == "rejection")
+        fixed = m.fixed_skip(self.config.n_layers, self.identity, exit_layer, skip_set,
+                             "optimize" in decode_kw and cfg.optimize)
+        ids = self.encode_prompt(prompt, chat)
+        check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
+        lp = None if logprobs is None else TokenLogprobs(logprobs)
+        return Request(ids=ids, max_new_tokens=max_new_tokens, method=m, sampling=sp, stop=list(stop), cfg=cfg,
+                       fixed=fixed, state=state, proposers=proposers, reuse_ok=reuse_ok, exit_layer=exit_layer,
+                       callback=callback, progress=progress, cancel=_cancel, logprobs=lp,
+                       grammar=self._grammar_state(grammar, sp, cfg))
+
+    def _grammar_state(self, grammar, sp, cfg):
+        """A call's own state of ``grammar`` (None without one), its tokenizer view built once per engine."""
+        if grammar is None:
+            return None
+        if not isinstance(grammar, Grammar):
+            raise SwiftkError(f"grammar must be a swiftk.Grammar (Grammar.json_schema(...), .json_object(), "
+                              f".regex(...), .lark(...)), got {type(grammar).__name__}")
+        if not sp.greedy and cfg.sampling == "rejection":
+            raise SwiftkError("grammar= needs sampling='coupled' (the default): tree rejection sampling draws from "
+                              "the draft's distributions, which know no grammar")
+        return grammar.matcher(self.resource("ll_tokenizer",
+                                             lambda: ll_tokenizer(self.tokenizer, self.config.vocab_size)))
+
+    def open_call(self, req: Request, slot: int) -> Call:
+        """Start decoding ``req`` on batch slot ``slot`` (its KV cache): the method's drafter and learned state,
+        the sink, the Session and its Decoder (the reference method's has no drafter and no sources)."""
+        m, cfg, sp = req.method, req.cfg, req.sampling
+        sl = self.slot(slot)
+        if m.speculative:
+            m.prepare(self.target, cfg)   # what the method builds once (draft head, drafter), before the timed loop
+            if cfg.datastore:
+                self.corpus()
+        state = req.state if req.state is not None or not m.speculative else self._state_for(m.state_key(req.fixed))
+        bar, cb = None, req.callback
+        sink = TokenSink(self.tokenizer, req.max_new_tokens, req.stop, None, req.cancel)
+        if req.progress:
+            bar, cb = progress_bar(req.max_new_tokens, req.callback, lambda: len(sink.ids))
+        sink.callback = cb
+        sampler = Sampler(sp, self.device, cfg.sampling)
+        reuse = sl.held.shared(sl.cache, req.ids) if req.reuse_ok else 0
+        sl.held.forget()   # recorded again once this call has finished, if its passes were exact
+        call = Call(req, sl, state, sink, sampler, reuse, bar, time.perf_counter())
+        # free drafts are deterministic: tree rejection sampling has no rule for them
+        rejection = not sp.greedy and cfg.sampling == "rejection"
+        sources = [] if rejection or not m.speculative else free_sources(state, cfg, self.config.vocab_size,
+                                                                           self.corpus, req.proposers)
+        gate_memory = state.gate if m.speculative else LearnedState(self.config.n_layers, self.state.cfg).gate
+        s = Session(self.model, sl.cache, self.costs, Gate(self.costs, gate_memory, cfg), sampler, sink, cfg,
+                    req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs, req.grammar)
+        drafter = m.drafter(self.target, state, cfg, req.fixed, slot) if m.speculative else None
+        call.decoder = Decoder(s, drafter, sources)
+        return call
+
+    def close_call(self, call: Call, stats) -> GenerationResult:
+        """A finished call's result; its output joins the learned state's history, the slot records what its
+        cache holds."""
+        req, sink, m = call.req, call.sink, call.req.method
+        wall = time.perf_counter() - call.t0
+        if m.speculative:   # every output decoded with a learned state drafts for later prompts (history=)
+            call.state.history.add(sink.ids)
+            call.state.tokens_seen += len(sink.ids)
+            call.state.time_decode_s += wall
+        stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(req.ids)
+        stats.prompt_reused = call.reuse
+        if req.reuse_ok:
+            call.slot.held.record(call.slot.cache, list(req.ids) + list(sink.ids))
+        stats.arithmetic = self.model.arithmetic(short=True)
+        stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
+        stats.exit_layer = req.exit_layer
+        if self.persist and m.speculative and call.state is self.state:
+            self._save_persisted()
+        lp = None if req.logprobs is None else req.logprobs.entries[:len(sink.ids)]
+        return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=req.ids,
+                                finish_reason=sink.finish_reason, stats=stats, logprobs=lp)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one batch slot's KV cache."""
+        return self.cache.data.numel() * self.cache.data.element_size()
+
+    @property
+    def default_max_batch(self) -> int:
+        """Calls decoded together when not told (requests.default_max_batch: by cores and available memory)."""
+        return default_max_batch(self.slot_bytes)
+
+    def reserve_slots(self, n: int, asked: str) -> None:
+        """Refuse, before any work, ``n`` batch slots whose KV caches would not fit in memory (``asked``: what
+        asked for them, for the message)."""
+        check_slots_fit(max(0, n - len(self._slots)), self.slot_bytes, asked)
+
+    def made_slot(self, i: int) -> Optional[Slot]:
+        """Batch slot ``i`` if its KV cache exists, else None (looking allocates nothing)."""
+        return self._slots[i] if i < len(self._slots) else None
+
+    def slot(self, i: int) -> Slot:
+        """Batch slot ``i``: a KV cache of its own (slot 0's is ``self.cache``), made at first use."""
+        while len(self._slots) <= i:
+            check_slots_fit(1, self.slot_bytes, f"batch slot {len(self._slots)}")
+            try:
+                cache = self.model.new_cache(self.max_context + SCRATCH)
+            except (RuntimeError, MemoryError) as e:   # the allocator's own refusal, worded for a user
+                raise SwiftkError(f"cannot allocate the KV cache of batch slot {len(self._slots)} "
+                                  f"({self.slot_bytes / 2**20:.0f} MiB): out of memory ({e})") from None
+            self._slots.append(Slot(cache))
+        return self._slots[i]
+
     # ------------------------------------------------------------------ built once per engine
     def resource(self, name, make: Optional[Callable] = None):
         """An object built once per engine (draft head, corpus, trained drafter): ``make()`` at first use."""
-        if name not in self._resources and make is not None:
-            self._resources[name] = make()
-        return self._resources.get(name)
+        return self.target.resource(name, make)
 
     def set_resource(self, name, value) -> None:
-        with self._lock:
-            self._resources[name] = value
+        self.target.set_resource(name, value)
+
+    def corpus(self, wait: bool = False) -> Datastore:
+        """The corpus n-gram tables the "datastore" source drafts from (proposers.datastore.CorpusTables.get: empty
+        until built; ``wait`` blocks until they are)."""
+        return self.corpus_tables.get(wait)
+
+    def use_corpus(self, datastore: Datastore) -> None:
+        """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
+        self.corpus_tables.use(datastore)
 
     def draft_head(self, size: int, slot: int = 0):
         """The reduced-vocabulary draft head (proposers.draft_head.DraftHead: the ``size`` most frequent tokens; the
         drafter adds every token of the context) of the calls on batch slot ``slot``, reset for a new call; None
         when a subset would not be much smaller than the vocabulary (``size`` 0: the full LM head). Its token
         ranking takes ~2 s once per machine."""
-        return engine_draft_head(self, size, slot)
+        return target_draft_head(self.target, size, slot)
 
     def stream(self, prompt, **kw) -> Iterator[str]:
         """Iterator over text pieces (generation runs in a worker thread). Abandoning the iterator cancels the
@@ -316,7 +524,7 @@ class Engine(EngineCorpus, Calls):
             raise SwiftkError(f"token id {bad[0]!r} is not an int in [0, {self.config.vocab_size})")
         if len(ids) > self.max_context:
             raise SwiftkError(f"{len(ids)} tokens exceed the context ({self.max_context})")
-        with self._own():
+        with self.hold():
             return full_logits(self.model, self.cache, ids)
 
     def info(self) -> dict:

@@ -1,6 +1,7 @@
 """Decoding methods as objects: each checks its own arguments, declares what it needs, and names the drafter it
 decodes with; every method but the reference also takes the free sources (context n-grams, session history,
-corpus, user proposers). engine.py holds no per-method branches: a method is one class here, or one registered
+corpus, user proposers). A method sees the target it drafts for (swiftk.target.Target), never the engine, which
+holds no per-method branches: a method is one class here, or one registered
 from its own package (``register``; the experimental MoA drafter registers from swiftk.moa).
 """
 from __future__ import annotations
@@ -12,8 +13,10 @@ import torch
 
 from .runtime import skipset
 from .errors import SwiftkError
+from .proposers.draft_head import target_draft_head
 from .proposers.draft_model import DraftModelDraft
 from .proposers.layerskip.draft import LayerSkipDraft
+from .target import Target
 
 
 class Method:
@@ -42,17 +45,17 @@ class Method:
         draft learns its own calibration)."""
         return self.name if fixed is None else bytes(fixed.cpu().to(torch.uint8).tolist())
 
-    def prepare(self, engine, cfg) -> None:
+    def prepare(self, target: Target, cfg) -> None:
         """Check the decode options against the method, then build what it needs before the timed loop."""
         if cfg.kvq and not self.takes_kvq:
             raise SwiftkError(f"kvq is an option of the layer-skip methods (swift, static, early_exit), "
                               f"not {self.name!r}")
-        self.build(engine, cfg)
+        self.build(target, cfg)
 
-    def build(self, engine, cfg) -> None:
+    def build(self, target: Target, cfg) -> None:
         """What the method builds once, before the timed loop (draft head, trained drafter, its own checks)."""
 
-    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
+    def drafter(self, target: Target, state, cfg, fixed, slot: int = 0):
         """The model drafter for one call on batch slot ``slot`` (proposers.layerskip.LayerSkipDraft or alike), or
         None."""
         return None
@@ -70,12 +73,12 @@ class LayerSkip(Method):
     def state_key(self, fixed):
         return None if fixed is None else super().state_key(fixed)
 
-    def build(self, engine, cfg) -> None:
-        engine.draft_head(cfg.draft_vocab)   # its token ranking takes ~2 s once per machine: not in the loop
+    def build(self, target: Target, cfg) -> None:
+        target_draft_head(target, cfg.draft_vocab)   # its token ranking takes ~2 s once per machine: not in the loop
 
-    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
-        return LayerSkipDraft(state, engine.costs, fixed, search=cfg.optimize,
-                              head=engine.draft_head(cfg.draft_vocab, slot), kvq=cfg.kvq)
+    def drafter(self, target: Target, state, cfg, fixed, slot: int = 0):
+        return LayerSkipDraft(state, target.costs, fixed, search=cfg.optimize,
+                              head=target_draft_head(target, cfg.draft_vocab, slot), kvq=cfg.kvq)
 
 
 class Static(LayerSkip):
@@ -106,17 +109,18 @@ class DraftModel(Method):
     the default method of an engine loaded with one."""
     name, one_at_a_time = "draft_model", True
 
-    def build(self, engine, cfg) -> None:
-        if engine.resource("draft_model") is None:
+    def build(self, target: Target, cfg) -> None:
+        runner = target.resource("draft_model")
+        if runner is None:
             raise SwiftkError("method='draft_model' needs a draft model: swiftk.load(MODEL, draft_model=NAME_OR_PATH)")
-        if cfg.draft_vocab != engine.decode_config.draft_vocab:
+        if cfg.draft_vocab != runner.info["draft_vocab"]:
             raise SwiftkError("draft_vocab of a draft model is set at load: swiftk.load(..., draft_vocab=N)")
 
-    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
-        runner = engine.resource("draft_model")
+    def drafter(self, target: Target, state, cfg, fixed, slot: int = 0):
+        runner = target.resource("draft_model")
         if not cfg.prefix_cache:   # no reuse across calls asked for (history_scope="key"): the draft's cache too
             runner.forget()
-        return DraftModelDraft(runner, state, engine.costs)
+        return DraftModelDraft(runner, state, target.costs)
 
 
 class FreeOnly(Method):

@@ -9,28 +9,35 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import torch
+
 from .decoding.grammar import GrammarState
+from .decoding.loop import Decoder
 from .decoding.output import TokenLogprobs, TokenSink
 from .decoding.prefix import HeldPrefix
 from .decoding.sampler import Sampler, SamplingParams
+from .decoding.state import LearnedState
 from .errors import SwiftkError
+from .methods import Method
 from .options import DecodeConfig
+from .runtime.kvcache import KVCache
 
 MAX_BATCH = 64   # calls decoding together at most (each holds a KV cache of the engine's context)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Request:
-    """``Engine.generate``'s arguments, checked (Engine.request): everything a call needs to start decoding."""
+    """``Engine.generate``'s arguments, checked once (Engine.request): everything a call needs to start decoding,
+    whoever asked for it (``generate``, ``generate_many``, the server)."""
 
     ids: list                     # the prompt's token ids
     max_new_tokens: int
-    method: object                # a methods.Method
+    method: Method
     sampling: SamplingParams
     stop: list
     cfg: DecodeConfig             # the call's decode options
-    fixed: object                 # the draft's skip set when the call fixes it, else None
-    state: object                 # the learned state asked for (None: the engine's for the method)
+    fixed: Optional[torch.Tensor]   # the draft's skip set when the call fixes it, else None
+    state: Optional[LearnedState]   # the learned state asked for (None: the engine's for the method)
     proposers: list
     reuse_ok: bool                # the prompt may reuse the KV its slot holds (prefix_cache, where exact)
     exit_layer: Optional[int]
@@ -45,24 +52,24 @@ class Request:
 class Slot:
     """One KV cache of the engine's batch and the tokens whose KV it still holds from its last call."""
 
-    cache: object                 # runtime.kvcache.KVCache
+    cache: KVCache
     held: HeldPrefix = field(default_factory=HeldPrefix)
 
 
 @dataclass
 class Call:
-    """A request being decoded: its slot, learned state, sink and sampler, and its Decoder (None: the reference
-    method's own loop, alone)."""
+    """A request being decoded: its slot, learned state, sink and sampler, and its Decoder (the reference method's
+    has no drafter)."""
 
     req: Request
     slot: Slot
-    state: object
+    state: LearnedState
     sink: TokenSink
     sampler: Sampler
     reuse: int                    # prompt slots whose KV the slot already held
     bar: object = None            # the progress bar (progress=True)
     t0: float = field(default_factory=time.perf_counter)
-    decoder: object = None        # decoding.loop.Decoder
+    decoder: Optional[Decoder] = None   # set by Engine.open_call, once the Session is made
 
     def end(self) -> None:
         if self.bar is not None:

@@ -7,28 +7,42 @@ A prompt whose start a running call is prefilling (n choices of one prompt, a sh
 start is prefilled and then copies its KV instead of computing it again: the same rows bit for bit where prefix
 reuse is exact (``Request.reuse_ok``), so the output does not change.
 
-The engine is duck-typed here (its open_call / close_call / slot / model / costs): the engine imports this module,
-not the other way round.
+The scheduler sees the engine through :class:`CallHost` (the engine imports this module, not the other way round).
 """
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from .decoding.batch import Batch
 from .decoding.output import DecodeStats, GenerationResult
-from .requests import Request
+from .requests import Call, Request, Slot
+from .runtime.model import Model
 
 SHARE_MIN = 32   # prompt tokens in common with a running call's worth waiting for its prefill and copying its KV
 # done(result, error): exactly one of them is None
 Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
 
 
+class CallHost(Protocol):
+    """What the scheduler needs of the engine: batch slots (a KV cache each) and calls opened and closed on them."""
+    model: Model
+
+    def open_call(self, req: Request, slot: int) -> Call: ...
+
+    def close_call(self, call: Call, stats: DecodeStats) -> GenerationResult: ...
+
+    def slot(self, i: int) -> Slot: ...
+
+    def made_slot(self, i: int) -> Optional[Slot]: ...
+
+
 class Scheduler:
-    def __init__(self, engine, max_batch: int):
-        self.engine, self.max_batch = engine, max_batch
-        self.batch = Batch(engine.model)
+    def __init__(self, host: CallHost, max_batch: int):
+        self.host, self.max_batch = host, max_batch
+        # one slot: nothing can join a call, so its prompt is prefilled in one pass, as a lone call's
+        self.batch = Batch(host.model, whole_prompts=max_batch == 1)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._waiting: deque = deque()     # (request, done), arrival order
@@ -123,7 +137,7 @@ class Scheduler:
                 slot = self._pick_slot(req)
                 if twin is not None:
                     self._copy_start(twin, shared, req, slot)
-                call = self.engine.open_call(req, slot, batched=True)
+                call = self.host.open_call(req, slot)
             except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
                 with self._lock:
                     self._opening -= 1
@@ -157,7 +171,7 @@ class Scheduler:
             return None, 0
         best, most = None, SHARE_MIN - 1
         for call, _, _ in self._running.values():
-            if not call.req.reuse_ok or call.decoder is None:
+            if not call.req.reuse_ok:
                 continue
             # the last prompt token is always passed: its row gives the first token
             n = _common_start(call.req.ids, req.ids, min(len(call.req.ids), len(req.ids) - 1))
@@ -167,7 +181,7 @@ class Scheduler:
 
     def _copy_start(self, twin, shared: int, req: Request, slot: int) -> None:
         """Give ``slot`` the twin call's KV of the shared prompt start, unless the slot already holds as much."""
-        sl = self.engine.slot(slot)
+        sl = self.host.slot(slot)
         shared = min(shared, twin.slot.cache.length)
         if sl.held.shared(sl.cache, req.ids) < shared:
             sl.cache.copy_prefix(twin.slot.cache, shared)
@@ -176,13 +190,13 @@ class Scheduler:
     def _pick_slot(self, req: Request) -> int:
         """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest
         whose cache exists, else the lowest: a KV cache is made only when no free one exists."""
-        made = [i for i in sorted(self._free) if self.engine.made_slot(i) is not None]
+        made = [i for i in sorted(self._free) if self.host.made_slot(i) is not None]
         best = made[0] if made else min(self._free)
         if not req.reuse_ok:
             return best
         most = 0
         for i in made:
-            sl = self.engine.made_slot(i)
+            sl = self.host.made_slot(i)
             n = sl.held.shared(sl.cache, req.ids)
             if n > most:
                 best, most = i, n
@@ -203,7 +217,7 @@ class Scheduler:
             done(_cancelled_result(call.req), None)
             return
         try:
-            result = self.engine.close_call(call, d.close())
+            result = self.host.close_call(call, d.close())
         except Exception as e:  # noqa: BLE001
             done(None, e)
             return

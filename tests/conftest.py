@@ -5,6 +5,8 @@ import signal
 
 import pytest
 
+import bench  # noqa: F401 (first: puts the checkout after the installed packages on sys.path, see there)
+
 # Tests never read or write the user's persisted decoding state; the persistence tests opt in explicitly.
 os.environ["SWIFTK_PERSIST"] = "0"
 # Run in the background (`nohup pytest &`), pytest would ignore SIGINT and so would every child it starts (an

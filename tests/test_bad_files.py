@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 import swiftk
 from swiftk.errors import SwiftkError
 from swiftk.loading.loaders import load_checkpoint
-from swiftk.proposers.layerskip.offline import read_prompts
+from swiftk.skipset_search import read_prompts
 import test_bad_inputs as tb
 import test_loaders as tl
 
@@ -321,7 +321,7 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))   # /dev/zero read whole would pass this
 import torch
 from swiftk import files
-from swiftk.proposers.layerskip import offline as selfsd
+from swiftk import skipset_search as selfsd
 from swiftk.runtime import skipset
 from swiftk.proposers.datastore import Datastore
 from swiftk.errors import SwiftkError

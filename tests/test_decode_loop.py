@@ -13,7 +13,7 @@ import swiftk.decoding.loop as decode_mod
 from swiftk.decoding.loop import Decoder
 import swiftk.proposers.layerskip.draft as layerskip_mod
 from swiftk.options import DecodeConfig, OptimizerConfig
-from swiftk.decoding.costs import CostModel
+from swiftk.target.costs import CostModel
 from swiftk.errors import SwiftkError
 
 PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"
@@ -192,7 +192,7 @@ def test_gate_drafts_when_drafting_is_free(eng):
 def test_tree_size_needs_a_margin_and_ngram_misses_are_learned_within_a_prompt(eng):
     """A verify pass must promise more than the cost model's error; two context misses at a key (a match length,
     a kind of continuation) stop it being verified on a CPU whose 2-token verify costs 1.3 steps."""
-    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.gate import Gate
     from swiftk.proposers import ContextNgrams
     from swiftk.decoding.state import GateMemory
 
@@ -227,7 +227,7 @@ def test_cost_model_verify_estimates_stay_consistent_and_recover(eng):
     """Verify costs are kept in decode steps, never above a measured larger pass, and a pessimistic estimate the
     gate stops choosing (so never re-measures) drifts back to the prior: a persisted v(4) of 3.8 steps once kept
     4-token trees off for good."""
-    from swiftk.decoding import costs as C
+    from swiftk.target import costs as C
 
     c = CostModel(eng.model)
     c.observe_step(0.02)
@@ -686,7 +686,7 @@ def test_a_call_is_ahead_by_what_its_rounds_produced_less_all_their_time(eng):
     """What a search step may spend (DraftContext.ahead): per closed round, what it produced at a plain step per
     token -- a plain round's own timed step, so a step estimate far off (here 1 s against milliseconds) moves
     nothing -- less everything the round took: its host work (10 ms a round here) and a search step."""
-    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.gate import Gate
     from swiftk.decoding.output import TokenSink
     from swiftk.decoding.sampler import Sampler, SamplingParams
     from swiftk.decoding.session import Session

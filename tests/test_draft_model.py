@@ -130,7 +130,7 @@ class _Costs:
 def test_the_gate_leaves_rounds_to_free_chains_that_do_better_and_probes_the_model():
     from types import SimpleNamespace
 
-    from swiftk.decoding.costs import Gate
+    from swiftk.decoding.gate import Gate
     from swiftk.decoding.state import GateMemory
     from swiftk.proposers.base import Chain
 

@@ -18,14 +18,16 @@ LAYERS = [
               *BUILT]),
     ("runtime", ["swiftk.runtime"]),             # the model, weights, KV cache, masks, ops
     ("loading", ["swiftk.loading"]),             # GGUF, loaders, tokenizer, registry
+    ("target", ["swiftk.target"]),               # what drafts are checked against: model, tokenizer, costs
     ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop
     ("decoding", ["swiftk.decoding"]),           # the round, session, tree, acceptance, costs, learned state
-    ("engine", ["swiftk.methods", "swiftk.requests", "swiftk.scheduler", "swiftk.calls", "swiftk.engine",
+    ("engine", ["swiftk.methods", "swiftk.requests", "swiftk.scheduler", "swiftk.engine",
                 "swiftk.api"]),
     ("serve", ["swiftk.serve"]),
     ("plugins", ["swiftk.moa", "swiftk.integrations"]),   # experimental methods, adapters to other engines:
                                                            # they import the core, the core never imports them
-    ("front", ["swiftk.cli", "swiftk"]),         # the CLI and the package's lazy public names
+    ("front", ["swiftk.cli", "swiftk.skipset_search", "swiftk"]),   # the CLI, its offline skip-set search,
+                                                                     # the package's lazy public names
 ]
 LAYER_OF = {u: i for i, (_, units) in enumerate(LAYERS) for u in units}
 
@@ -124,9 +126,113 @@ def test_the_package_graph_has_no_cycle():
         assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
-def test_no_module_is_over_400_lines():
-    long = {m: n for m, p in sources().items() if (n := len(p.read_text().splitlines())) > 400}
-    assert not long, f"split these: {long}"
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str) -> list:
+    """(name, lines) of each function (or method) of ``source`` longer than MAX_FUNCTION_LINES lines."""
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_over_80_lines():
+    """A function a reader cannot hold at once is split by step (a module is split by job, never to fit a cap)."""
+    long = [f"{m}.{name}: {n} lines" for m, p in sorted(sources().items()) for name, n in long_functions(p.read_text())]
+    assert not long, "split these into steps:\n" + "\n".join(long)
+
+
+def _self_names(cls: ast.ClassDef) -> set:
+    """What a class defines for ``self``: its methods and class attributes, and every ``self.x`` it assigns."""
+    out = set()
+    for n in cls.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+    for n in ast.walk(cls):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" \
+                and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+    return out
+
+
+def mixins(trees: list) -> list:
+    """Package classes used as a base that read members of ``self`` which neither they nor their own bases define:
+    a mixin, whose contract is whatever its host happens to have."""
+    classes: dict = {}
+    for t in trees:
+        for n in ast.walk(t):
+            if isinstance(n, ast.ClassDef):
+                classes.setdefault(n.name, []).append(n)
+
+    def defined(c: ast.ClassDef, seen=()) -> set:
+        out = _self_names(c)
+        for b in c.bases:
+            if isinstance(b, ast.Name) and b.id in classes and b.id not in seen:
+                for bc in classes[b.id]:
+                    out |= defined(bc, (*seen, b.id))
+        return out
+
+    bases = {b.id for cs in classes.values() for c in cs for b in c.bases if isinstance(b, ast.Name)}
+    out = []
+    for name in sorted(bases & set(classes)):
+        for c in classes[name]:
+            reads = {n.attr for n in ast.walk(c) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                     and n.value.id == "self" and isinstance(n.ctx, ast.Load)}
+            missing = reads - defined(c) - {"__class__", "__dict__"}
+            if missing:
+                out.append(f"{name} (reads self.{', self.'.join(sorted(missing)[:4])})")
+    return out
+
+
+def test_mixins_are_found():
+    """The check below can fail: a base class that reads what only its subclass sets is a mixin."""
+    src = "class Host(Mix):\n    def __init__(self):\n        self.x = 1\n\nclass Mix:\n    def f(self):\n        return self.x\n"
+    assert mixins([ast.parse(src)]) == ["Mix (reads self.x)"]
+
+
+def test_no_mixin_classes():
+    """One owner per lifetime: an object's state and the methods that use it live in one class (or in a component
+    it holds), not in a base class that reaches into whatever its host defines."""
+    found = mixins([ast.parse(p.read_text()) for p in sources().values()])
+    assert not found, "mixins: " + "; ".join(found)
+
+
+ENGINE_NAMES = {"engine", "eng"}
+
+
+def engine_reaches(source: str) -> list:
+    """(line, what) of each parameter named ``engine``/``eng`` and each attribute read off such a name (or off
+    ``self.engine``/``self.eng``) in ``source``."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            out += [(n.lineno, f"parameter {a.arg}") for a in n.args.args + n.args.kwonlyargs if a.arg in ENGINE_NAMES]
+        elif isinstance(n, ast.Attribute):
+            v = n.value
+            if (isinstance(v, ast.Name) and v.id in ENGINE_NAMES) or (
+                    isinstance(v, ast.Attribute) and v.attr in ENGINE_NAMES and isinstance(v.value, ast.Name)
+                    and v.value.id == "self"):
+                out.append((n.lineno, f"{ast.unparse(n)}"))
+    return out
+
+
+def test_engine_reaches_are_found():
+    assert [w for _, w in engine_reaches("def f(eng):\n    return eng.model, self.engine.cache\n")] == [
+        "parameter eng", "eng.model", "self.engine.cache"]
+
+
+def test_nothing_below_the_engine_takes_the_engine():
+    """Methods, draft sources, drafters (moa/ too), the round and the scheduler take a typed Target (or a narrower
+    Protocol), never the engine: no parameter named engine, no attribute reach into one."""
+    engine_layer = LAYERS.index(next(x for x in LAYERS if x[0] == "engine"))
+    checked = [m for m in sources() if LAYER_OF[unit(m)] < engine_layer
+               or unit(m) in ("swiftk.methods", "swiftk.scheduler", "swiftk.moa")]
+    assert "swiftk.proposers.draft_head" in checked and "swiftk.moa.method" in checked
+    bad = [f"{m}:{line}: {what}" for m in sorted(checked) for line, what in engine_reaches(sources()[m].read_text())]
+    assert not bad, "\n".join(bad)
 
 
 def unexplained_lazy_imports(source: str) -> list:
@@ -168,8 +274,9 @@ def test_function_level_imports_say_why():
 
 def test_bench_results_are_cited(monkeypatch):
     """bench/results keeps what the docs cite (and the summaries bench.report reads): every tracked result file's
-    run is named in a tracked document or script outside bench/results, by its timestamp (YYYYMMDD-HHMMSS) or, as
-    docs/performance.md often shortens it, by its time of day (-HHMMSS)."""
+    run is named in a tracked document or script outside bench/results, or in the run history that indexes them
+    (bench/results/history.md), by its timestamp (YYYYMMDD-HHMMSS) or, as the documents often shorten it, by its time
+    of day (-HHMMSS)."""
     import re
     import subprocess
 
@@ -185,7 +292,8 @@ def test_bench_results_are_cited(monkeypatch):
         pytest.skip("not a git checkout")
     results = [p for p in tracked if p.startswith("bench/results/")]
     text = "".join((root / p).read_text(errors="ignore") for p in tracked
-                   if p.endswith((".md", ".py", ".txt")) and not p.startswith("bench/results/") and (root / p).is_file())
+                   if p.endswith((".md", ".py", ".txt")) and (root / p).is_file()
+                   and (not p.startswith("bench/results/") or p == "bench/results/history.md"))
     read = {p.name for p, _ in latest_summaries(root / "bench" / "results")}
 
     def cited(name: str) -> bool:

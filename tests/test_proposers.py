@@ -10,7 +10,7 @@ import torch
 import swiftk
 from swiftk import methods
 from swiftk.errors import SwiftkError
-from swiftk.decoding.costs import CostModel
+from swiftk.target.costs import CostModel
 from swiftk.decoding.state import LearnedState
 
 PROMPT = "w3 w4 w5 w6 w7 w3 w4 w5"

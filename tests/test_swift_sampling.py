@@ -117,7 +117,7 @@ def test_moa_sampling_matches_target_joint(engine, rule, tmp_path):
     for p in d.parameters():
         torch.nn.init.normal_(p, std=0.5)
     save(tmp_path / "d.safetensors", d, engine.identity)
-    load_drafter(engine, tmp_path / "d.safetensors")
+    load_drafter(engine.target, tmp_path / "d.safetensors")
     prompt = [3, 7, 3, 7, 3]   # a repeat, so the n-gram source proposes too
     exact = _exact_joint(engine, prompt, 1.0).flatten()
     counts, st = _sample_pairs(engine, prompt, 3000, 1.0, method="moa", sampling=rule, ngram=True)

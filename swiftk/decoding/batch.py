@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from .costs import LinearFit
+from ..target.costs import LinearFit
 from .loop import Decoder, Pass
 
 # Prompt rows per pass while other calls decode (a prompt of 512 tokens joins over ~8 rounds), and while none does.
@@ -29,11 +29,13 @@ PREFILL_ROWS_ALONE = 256
 class Batch:
     """The calls decoding together (their Decoders), on one model."""
 
-    def __init__(self, model):
+    def __init__(self, model, whole_prompts: bool = False):
+        """``whole_prompts``: a prompt decoded alone is prefilled in one pass (else in chunks of
+        PREFILL_ROWS_ALONE rows, so that a call arriving meanwhile joins sooner)."""
         self.model = model
+        self.prefill_alone = 1 << 62 if whole_prompts else PREFILL_ROWS_ALONE
         self.calls: list = []     # Decoders, in arrival order
         self._first = 0           # which call plans first this round (rotates)
-        self.passes = 0
         self.fit = LinearFit(0.95)   # seconds of the batch's decode passes (no prompt rows) against their rows
 
     def add(self, d: Decoder) -> None:
@@ -53,7 +55,7 @@ class Batch:
         order = calls[k:] + calls[:k]
         decoding = [d for d in order if not d.s.prefilling]
         prefilling = [d for d in order if d.s.prefilling]
-        budget = PREFILL_ROWS_BESIDE if decoding else PREFILL_ROWS_ALONE
+        budget = PREFILL_ROWS_BESIDE if decoding else self.prefill_alone
         ab = self.fit.fit()
         price = (lambda T: ab[0] + ab[1] * T) if ab is not None else None
         plans: list = []   # (decoder, Pass)
@@ -78,9 +80,10 @@ class Batch:
                 tokens += 1.0 + (sum(p.tree.value[1:]) if p.tree is not None else 0.0)
         shared = [(d, p) for d, p in plans if not p.solo]
         for d, p in plans:
-            if p.solo:   # a pass that starts mid-model (KVQ): alone
+            # a pass that starts mid-model (KVQ), or the only one: the call's own (the lone pass, CUDA graphs)
+            if p.solo or len(shared) == 1:
                 self._finish(d, p, failed, lambda: d.run(p))
-        if not shared:
+        if len(shared) < 2:
             return
         t = time.perf_counter()
         try:
@@ -90,7 +93,6 @@ class Batch:
                 failed(d, e)
             return
         dt = time.perf_counter() - t
-        self.passes += 1
         total = sum(p.rows.tokens.shape[0] for _, p in shared)
         # a pass of one call is that call's own, timed by its finish; prompt chunks are priced apart (long passes
         # run at another rate per row)

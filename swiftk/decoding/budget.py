@@ -15,7 +15,7 @@ class SourceBudget:
     block) whose start a skipped round misses, so a source that costs little next to a step (Qwen-0.5B: 0.4%) is
     never skipped.
     Why: on low-repetition text the corpus n-grams and Token Recycling cost ~3% of a step per round for almost no
-    accepted token (docs/performance.md); the gate prices proposals, not the rounds that produce nothing. The gain
+    accepted token (bench/results/history.md); the gate prices proposals, not the rounds that produce nothing. The gain
     is gross (accepted tokens x a plain step): a source below its cost on that measure cannot pay."""
 
     def __init__(self, names, auto: bool = True, min_rounds: int = 8, max_gap: int = 16, share: float = 0.005):

@@ -5,8 +5,9 @@
           (a call's first passes are its prompt's prefill)
   finish  accept (blind to who drafted) -> commit -> each source learns from its nodes
 
-A call alone runs plan, its pass, finish until done (:func:`speculative_decode`); a batch (decoding/batch.py) runs
-every request's plan, then ONE target pass over all their rows, then every request's finish.
+Every call is driven by a batch (decoding/batch.py, stepped by swiftk/scheduler.py): every call's plan, then ONE
+target pass over all their rows (a lone call's: its own pass), then every call's finish. The reference method is a
+Decoder with no drafter and no sources: a plain step a round.
 """
 from __future__ import annotations
 
@@ -154,17 +155,6 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.finish(self.s.stats)
         return self.s.finish()
-
-
-def speculative_decode(s: Session, drafter, sources: list):
-    """Decode one call alone until its sink stops: the prompt in one pass, then rounds. Returns its DecodeStats."""
-    d = Decoder(s, drafter, sources)
-    while not s.done:
-        p = d.plan()
-        t = time.perf_counter()
-        logits = d.run(p)
-        d.finish(p, logits, time.perf_counter() - t)
-    return d.close()
 
 
 def accept_constrained(s: Session, tree, logits) -> tuple:

@@ -11,7 +11,8 @@ import time
 from typing import Optional
 
 from ..errors import SwiftkError
-from .costs import CostModel, Gate
+from ..target.costs import CostModel
+from .gate import Gate
 from ..proposers.base import DraftContext
 from .grammar import GrammarState
 from .output import DecodeStats, Timer, TokenLogprobs, TokenSink

@@ -34,7 +34,7 @@ STATE_VERSION = 3
 
 @dataclass
 class GateMemory:
-    """How recent model-drafting rounds paid (costs.Gate writes it, nothing else does): an EMA of their speed in
+    """How recent model-drafting rounds paid (gate.Gate writes it, nothing else does): an EMA of their speed in
     plain-step units, rounds since the last draft, the gap after which a losing drafter is probed again, and what
     free-only rounds measured against the free sources' estimate (beside a model drafter)."""
 

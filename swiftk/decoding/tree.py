@@ -92,6 +92,31 @@ class Tree:
         return [(i, i in on) for i in range(1, self.size) if par[i] in on]
 
 
+def _ancestors(parents: list, dev: torch.device) -> tuple:
+    """(ancestor bit sets as Python ints, packed int32 words or None, bool rows [N, N]) of a tree whose parents come
+    first."""
+    # Built on the host (on a GPU every tiny op would be a kernel launch), then moved in 3 copies. Parents come
+    # first, so each node's ancestor set is its parent's plus itself: one Python int per node is the packed mask.
+    anc_bits = []
+    for i, p in enumerate(parents):
+        anc_bits.append((anc_bits[p] if p >= 0 else 0) | (1 << i))
+    W = (len(parents) + 31) // 32
+    bits = None   # a small CPU tree's bits only if a kernel asks (TreeMask.packed): the CPU layer loop reads anc
+    if len(parents) > 24 or dev.type != "cpu":
+        bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
+                            dtype=torch.int32)
+    if len(parents) <= 24:   # small trees (most rounds): rows copied on the host beat unpacking the bits in torch
+        rows = []
+        for i, p in enumerate(parents):
+            r = list(rows[p]) if p >= 0 else [False] * len(parents)
+            r[i] = True
+            rows.append(r)
+        anc = torch.tensor(rows, dtype=torch.bool)
+    else:
+        anc = unpack_tree_mask(bits, len(parents))
+    return anc_bits, bits, anc
+
+
 def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, device, *, chains=(),
                calibrate: Callable[[float], float] = lambda p: p,
                choose_size: Optional[Callable[[list], int]] = None) -> Optional[Tree]:
@@ -143,26 +168,8 @@ def build_tree(root_token: int, levels: list, prefix_len: int, max_nodes: int, d
         tokens, score = [tokens[i] for i in keep], [score[i] for i in keep]
         source, prob, key = [source[i] for i in keep], [prob[i] for i in keep], [key[i] for i in keep]
         n_spine = sum(1 for i in keep if i < n_spine)
-    # Built on the host (on a GPU every tiny op would be a kernel launch), then moved in 3 copies. Parents come
-    # first, so each node's ancestor set is its parent's plus itself: one Python int per node is the packed mask.
-    anc_bits = []
-    for i, p in enumerate(parents):
-        anc_bits.append((anc_bits[p] if p >= 0 else 0) | (1 << i))
     dev = torch.device(device)
-    W = (len(parents) + 31) // 32
-    bits = None   # a small CPU tree's bits only if a kernel asks (TreeMask.packed): the CPU layer loop reads anc
-    if len(parents) > 24 or dev.type != "cpu":
-        bits = torch.tensor([[_int32((m >> (32 * w)) & 0xFFFFFFFF) for w in range(W)] for m in anc_bits],
-                            dtype=torch.int32)
-    if len(parents) <= 24:   # small trees (most rounds): rows copied on the host beat unpacking the bits in torch
-        rows = []
-        for i, p in enumerate(parents):
-            r = list(rows[p]) if p >= 0 else [False] * len(parents)
-            r[i] = True
-            rows.append(r)
-        anc = torch.tensor(rows, dtype=torch.bool)
-    else:
-        anc = unpack_tree_mask(bits, len(parents))
+    anc_bits, bits, anc = _ancestors(parents, dev)
     ptd = torch.tensor([parents, tokens, [m.bit_count() - 1 for m in anc_bits]], dtype=torch.long)  # + depth
     if dev.type != "cpu":
         ptd, anc, bits = ptd.to(dev), anc.to(dev), bits.to(dev)

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Optional
 
-from ..decoding.costs import LinearFit
+from ..target.costs import LinearFit
 from ..errors import SwiftkError
 from ..proposers.base import Context
 from ..proposers.context import ContextNgrams

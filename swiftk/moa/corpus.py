@@ -23,6 +23,7 @@ import zlib
 from html.parser import HTMLParser
 from itertools import cycle
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -30,11 +31,14 @@ from ..errors import SwiftkError
 from ..files import read_text
 from ..home import swiftk_home
 from ..proposers.stdlib import stdlib_files
+from ..target import Target
 
 DOC_TOKENS = 2048
 DOC_CHARS = 12_000        # read this much of a file: ~3k tokens of code, more than DOC_TOKENS keeps
 HELD_OUT_EVERY = 20
 RECIPE = 1                # bump when what a source yields changes: cached corpora are keyed on it
+# (prompt, chat) -> the prompt's token ids followed by the target's answer (self-distillation)
+Answer = Callable[[str, bool], list]
 PROSE = (".txt", ".md", ".rst", ".html", ".htm")
 _SKIP_DIRS = {"test", "tests", "testing", "__pycache__", "idlelib", "turtledemo", "ensurepip", "lib2to3"}
 
@@ -84,8 +88,8 @@ def _prose(p: Path) -> str:
     return text
 
 
-def documents(source: str, eng=None, answer_tokens: int = 128):
-    """(name, text or token ids) of one source, in a fixed order."""
+def documents(source: str, answer: Optional[Answer] = None):
+    """(name, text or token ids) of one source, in a fixed order; a JSONL file's prompts are answered by ``answer``."""
     if source == "stdlib":
         yield from ((str(p), _read(p)) for p in stdlib_files())
     elif source == "site-packages":
@@ -113,8 +117,9 @@ def documents(source: str, eng=None, answer_tokens: int = 128):
                 prompt, chat = str(r["text"]), bool(r.get("chat", False))
             except (ValueError, KeyError, TypeError) as e:
                 raise SwiftkError(f"{path}:{i + 1}: expected {{\"text\": str, \"chat\": bool}} ({e})") from None
-            out = eng.generate(prompt, chat=chat, max_new_tokens=answer_tokens, method="ngram")
-            yield f"{path.name}:{i + 1}", out.prompt_ids + out.token_ids
+            if answer is None:
+                raise SwiftkError(f"{path}: a JSONL file of prompts needs the target to answer them")
+            yield f"{path.name}:{i + 1}", answer(prompt, chat)
 
 
 def _pieces(text: str):
@@ -142,9 +147,9 @@ def _file_stamp(source: str):
     return h.hexdigest()
 
 
-def _interleaved(sources: list, eng, answer_tokens: int):
+def _interleaved(sources: list, answer: Optional[Answer]):
     """One document from each source in turn, until all are spent."""
-    its = [documents(s, eng, answer_tokens) for s in sources]
+    its = [documents(s, answer) for s in sources]
     live = list(range(len(its)))
     for i in cycle(range(len(its))):
         if not live:
@@ -158,19 +163,21 @@ def _interleaved(sources: list, eng, answer_tokens: int):
         yield doc
 
 
-def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progress: bool = True) -> dict:
+def corpus(target: Target, sources: list, max_tokens: int, answer: Optional[Answer] = None, answer_tokens: int = 128,
+           progress: bool = True) -> dict:
     """{"train": uint32 ids, "held_out": uint32 ids, "spec": ...}: documents joined by EOS, at most ``max_tokens``
-    in all; built once, then read from the cache."""
+    in all; built once, then read from the cache. ``answer``: how a JSONL prompt is answered (the target's own
+    greedy answer of ``answer_tokens`` tokens: self-distillation; the CLI gives it the engine's ``generate``)."""
     from safetensors import SafetensorError   # lazy: only where a corpus is built or read
     from safetensors.numpy import load_file, save_file   # lazy: the same
 
-    tok = eng.tokenizer
+    tok = target.tokenizer
     spec = {"recipe": RECIPE, "sources": [str(s) for s in sources], "max_tokens": int(max_tokens),
             "files": [_file_stamp(s) for s in sources if s not in ("stdlib", "site-packages", "docs")],
-            "answer_tokens": answer_tokens, "model": eng.identity.get("fingerprint"),
+            "answer_tokens": answer_tokens, "model": target.identity.get("fingerprint"),
             "tokenizer": tok.encode("def f(x):\n    return 'The quick brown fox.'", add_bos=False)}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    path = swiftk_home() / "data" / f"{eng.identity.get('name') or 'model'}-{key}.safetensors"
+    path = swiftk_home() / "data" / f"{target.name}-{key}.safetensors"
     if path.is_file():
         try:
             got = load_file(str(path))
@@ -185,7 +192,7 @@ def corpus(eng, sources: list, max_tokens: int, answer_tokens: int = 128, progre
         from tqdm import tqdm   # lazy: only for a progress bar
 
         bar = tqdm(total=max_tokens, desc="corpus", unit="tok", unit_scale=True, leave=False)
-    for name, doc in _interleaved(sources, eng, answer_tokens):
+    for name, doc in _interleaved(sources, answer):
         ids = doc if isinstance(doc, list) else (tok.encode(doc, add_bos=False) if doc.strip() else [])
         ids = ids[: min(DOC_TOKENS, max_tokens - total - 1)]
         if len(ids) < 16:

@@ -4,41 +4,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..decoding.costs import ema
+from ..target.costs import ema
 from ..errors import SwiftkError
 from ..home import swiftk_home
 from ..methods import Method
+from ..proposers.draft_head import target_draft_head
 from ..proposers.draft_loop import ModelDrafter
+from ..target import Target
 from .model import load
 from .runner import MoARunner, moa_draft
 
 
-def trained_drafter_path(engine) -> Path:
+def trained_drafter_path(target: Target) -> Path:
     """``$SWIFTK_HOME/drafters/<name>-<fingerprint>.safetensors``: where ``swiftk train-drafter`` writes."""
-    name = str(engine.identity.get("name") or "model")
-    fp = str(engine.identity.get("fingerprint") or "")[:12]
-    return swiftk_home() / "drafters" / f"{name}-{fp}.safetensors"
+    fp = str(target.identity.get("fingerprint") or "")[:12]
+    return swiftk_home() / "drafters" / f"{target.name}-{fp}.safetensors"
 
 
-def drafter_path(engine) -> Path:
+def drafter_path(target: Target) -> Path:
     """Where this model's drafter is looked for: the trained one, else the one shipped with the package."""
-    home = trained_drafter_path(engine)
-    shipped = Path(__file__).parent / "drafters" / f"{engine.identity.get('name')}.safetensors"
+    home = trained_drafter_path(target)
+    shipped = Path(__file__).parent / "drafters" / f"{target.identity.get('name')}.safetensors"
     return home if home.is_file() or not shipped.is_file() else shipped
 
 
-def load_drafter(engine, path=None) -> MoARunner:
-    """Load a trained drafter (``path``, default :func:`drafter_path`) as the engine's "drafter" resource."""
-    p = Path(path) if path is not None else drafter_path(engine)
+def load_drafter(target: Target, path=None) -> MoARunner:
+    """Load a trained drafter (``path``, default :func:`drafter_path`) as the target's "drafter" resource."""
+    p = Path(path) if path is not None else drafter_path(target)
     if path is None and not p.is_file():
-        name = engine.identity.get("name") or "<model>"
+        name = target.identity.get("name") or "<model>"
         raise SwiftkError(f"no MoA drafter for {name!r} (looked for {p}); train one with `swiftk train-drafter "
                           f"--model {name}` or pass swiftk.load(..., drafter=PATH)")
-    drafter, extra = load(p, engine.config, engine.identity, engine.device)
-    runner = MoARunner(drafter, engine.model, engine.cache.max_slots)
+    drafter, extra = load(p, target.config, target.identity, target.device)
+    runner = MoARunner(drafter, target.model, target.kv_slots)
     runner.info = {"path": str(p), "tli": drafter.cfg.tli, "lsa": drafter.cfg.lsa, "parameters": drafter.n_params(),
                    **{k: extra[k] for k in extra if k != "history"}}
-    engine.set_resource("drafter", runner)
+    target.set_resource("drafter", runner)
     return runner
 
 
@@ -46,18 +47,18 @@ class MoA(Method):
     """Free drafts + a small trained drafter on the target's KV cache (experimental)."""
     name = "moa"
 
-    def build(self, engine, cfg) -> None:
-        if engine.resource("drafter") is None:
-            load_drafter(engine, engine.drafter_file)
-        engine.draft_head(cfg.draft_vocab)
+    def build(self, target: Target, cfg) -> None:
+        if target.resource("drafter") is None:
+            load_drafter(target, target.drafter_file)
+        target_draft_head(target, cfg.draft_vocab)
 
-    def drafter(self, engine, state, cfg, fixed, slot: int = 0):
-        first = engine.resource("drafter")   # slot 0's; calls on other batch slots keep their state apart
-        runner = first if not slot else engine.resource(("drafter", slot), first.twin)
+    def drafter(self, target: Target, state, cfg, fixed, slot: int = 0):
+        first = target.resource("drafter")   # slot 0's; calls on other batch slots keep their state apart
+        runner = first if not slot else target.resource(("drafter", slot), first.twin)
         if runner.drafter is not first.drafter:   # a drafter loaded since this slot's twin was made
             runner = first.twin()
-            engine.set_resource(("drafter", slot), runner)
-        return MoADraft(runner, state, engine.draft_head(cfg.draft_vocab, slot), engine.costs)
+            target.set_resource(("drafter", slot), runner)
+        return MoADraft(runner, state, target_draft_head(target, cfg.draft_vocab, slot), target.costs)
 
 
 class MoADraft(ModelDrafter):

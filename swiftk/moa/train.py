@@ -27,6 +27,7 @@ from ..home import swiftk_home
 from ..proposers.draft_head import frequent_token_ids
 from ..runtime.ops import reference as R
 from ..runtime.weights import BlockWeight, dense, linear
+from ..target import Target
 from .corpus import chunks as cut_chunks
 from .data import batch_features
 from .model import MoAConfig, MoADrafter, rms, save
@@ -199,7 +200,7 @@ def _load_ckpt(path: Path, drafter, opt, meta: dict) -> int:
     return step
 
 
-def train(eng, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: int = 384, lr: float = 2e-3,
+def train(target: Target, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: int = 384, lr: float = 2e-3,
           reg_weight: float = 1.0, vocab: int = 8192, seed: int = 0, resume: bool = False, ckpt_every: int = 100,
           reuse: int = 2, progress: bool = True, log=None, recipe: dict = None, **drafter_options) -> dict:
     """Train a drafter on ``corpus`` (moa.corpus.corpus: token ids, train and held-out), teacher-forced online: each
@@ -214,7 +215,7 @@ def train(eng, corpus: dict, out, *, steps: int = 1500, batch: int = 4, chunk: i
             raise SwiftkError(f"{name} must be a positive int, got {v!r}")
     torch.set_flush_denormal(True)   # softmax gradients underflow to denormals: 25x slower matmuls without this
     try:
-        return _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every,
+        return _train(target, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every,
                       reuse, progress, log, recipe or {}, drafter_options)
     finally:
         torch.set_flush_denormal(False)
@@ -228,21 +229,21 @@ def _batches(n_chunks: int, batch: int, seed: int, step: int) -> list:
     return perm[i * batch:(i + 1) * batch].tolist()
 
 
-def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every, reuse, progress,
+def _train(target: Target, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, resume, ckpt_every, reuse, progress,
            log, recipe, drafter_options) -> dict:
     out = Path(out)
     train_rows, held_rows = cut_chunks(corpus["train"], chunk), cut_chunks(corpus["held_out"], chunk)[:EVAL_CHUNKS]
     if len(train_rows) < batch or len(held_rows) < 1:
         raise SwiftkError(f"corpus too small: {len(train_rows)} training and {len(held_rows)} held-out chunks of "
                           f"{chunk} tokens (need {batch} and 1); give more --tokens or --data")
-    cfg = MoAConfig.for_target(eng.config, **drafter_options)
+    cfg = MoAConfig.for_target(target.config, **drafter_options)
     torch.manual_seed(seed)
     drafter = MoADrafter(cfg)
-    V = eng.config.vocab_size
-    head_ids = (frequent_token_ids(eng.tokenizer, vocab, cache_dir=swiftk_home() / "draft_vocab",
-                                   model_name=str(eng.identity.get("name") or "model"))
+    V = target.config.vocab_size
+    head_ids = (frequent_token_ids(target.tokenizer, vocab, cache_dir=swiftk_home() / "draft_vocab",
+                                   model_name=target.name)
                 if 0 < vocab < V else torch.arange(V))
-    frozen = Frozen(eng.model, cfg.tli, head_ids)
+    frozen = Frozen(target.model, cfg.tli, head_ids)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     meta = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "steps": steps, "batch": batch,
             "chunk": chunk, "reuse": reuse, "lr": lr, "reg_weight": reg_weight, "vocab": vocab, "seed": seed,
@@ -261,7 +262,7 @@ def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, r
     while step < steps:
         if b is None or step % reuse == 0:
             t = time.perf_counter()
-            b = batch_features(eng.model, train_rows[_batches(len(train_rows), batch, seed, step // reuse)], cfg.tli)
+            b = batch_features(target.model, train_rows[_batches(len(train_rows), batch, seed, step // reuse)], cfg.tli)
             t_target += time.perf_counter() - t
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         offsets = torch.multinomial(probs, b["tokens"].numel(), replacement=True, generator=g).view(
@@ -288,12 +289,12 @@ def _train(eng, corpus, out, steps, batch, chunk, lr, reg_weight, vocab, seed, r
     if bar is not None:
         bar.close()
     train_s = time.perf_counter() - t0
-    held = [{k: v[0] for k, v in batch_features(eng.model, held_rows[i:i + 1], cfg.tli).items()}
+    held = [{k: v[0] for k, v in batch_features(target.model, held_rows[i:i + 1], cfg.tli).items()}
             for i in range(len(held_rows))]
     report = {"held_out": evaluate(drafter, frozen, held, head_ids), "vocab": len(head_ids),
               "train_s": round(train_s, 1), "target_s": round(t_target, 1), "steps": steps, "batch": batch,
               "chunk_tokens": chunk, "train_tokens_seen": -(-steps // reuse) * batch * chunk,
               "corpus_train_tokens": len(train_rows) * chunk, "held_out_tokens": len(held_rows) * chunk,
               "parameters": drafter.n_params(), "history": history, "recipe": recipe}
-    save(out, drafter, eng.identity, report)
+    save(out, drafter, target.identity, report)
     return report

@@ -32,6 +32,7 @@ from ..background import Background, Stopped, check
 from ..errors import SwiftkError, warn
 from ..files import regular_file
 from ..home import swiftk_home
+from ..target import Target
 from .stdlib import stdlib_docs
 
 MAX_N = 3
@@ -311,29 +312,33 @@ def engine_corpus(tokenizer, identity: dict, vocab_size: int) -> tuple:
 
 
 # ---------------------------------------------------------------- one engine's tables
-class EngineCorpus:
-    """The corpus tables an Engine drafts from, a mixin of Engine (it needs ``resource``, ``set_resource``,
-    ``tokenizer``, ``identity``, ``config`` and ``_corpus_job``): here beside the tables they load and build."""
+class CorpusTables:
+    """The corpus tables a target's calls draft from (one per engine, kept as the target's "corpus" resource once
+    ready): loaded from the cache, or built in a background thread, here beside the tables they load and build."""
 
-    def corpus(self, wait: bool = False):
-        """The corpus n-gram tables the "datastore" source drafts from (swiftk/proposers/datastore.py): unless
-        :meth:`use_corpus` gave others, over the Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not
-        built yet are built in the background (started at load, at low priority); until they are ready this returns
-        empty tables, so no call waits for them (``swiftk pull`` builds them with the download). ``wait``: block
-        until they are ready (benchmarks: every arm drafts from the same sources, no build runs beside a timing)."""
-        got = self.resource("corpus")
+    def __init__(self, target: Target):
+        self.target = target
+        self._job: Optional[Background] = None   # the tables' build, started by start()
+
+    def get(self, wait: bool = False) -> Datastore:
+        """The corpus n-gram tables the "datastore" source drafts from: unless :meth:`use` gave others, over the
+        Python stdlib, read from ``$SWIFTK_HOME/datastore``. Tables not built yet are built in the background
+        (started at load, at low priority); until they are ready this returns empty tables, so no call waits for
+        them (``swiftk pull`` builds them with the download). ``wait``: block until they are ready (benchmarks:
+        every arm drafts from the same sources, no build runs beside a timing)."""
+        got = self.target.resource("corpus")
         if got is not None:
             return got
-        job = self._corpus_job or self._start_corpus()
+        job = self._job or self.start()
         if job is None:   # found in the cache
-            return self.resource("corpus")
+            return self.target.resource("corpus")
         if wait:
             job.join()
         if job.is_alive():
             return Datastore.build([])
         if job.result is None and job.error is None:   # a forked parent's job, never run in this process
-            self._corpus_job = None
-            return self.corpus(wait)
+            self._job = None
+            return self.get(wait)
         ds, problem = job.result if job.result is not None else (Datastore.build([]), f"swiftk: {job.error}")
 
         def ready():
@@ -341,24 +346,25 @@ class EngineCorpus:
                 warn(problem)   # once, in the caller's thread
             return ds
 
-        return self.resource("corpus", ready)
+        return self.target.resource("corpus", ready)
 
-    def _start_corpus(self):
+    def start(self) -> Optional[Background]:
         """Load the cached tables now (~0.1 s; returns None), or start a daemon thread building them at the lowest
         priority (returns it)."""
-        ds = cached_stdlib_datastore(corpus_fingerprint(self.tokenizer, self.identity), self.config.vocab_size)
+        t = self.target
+        ds = cached_stdlib_datastore(corpus_fingerprint(t.tokenizer, t.identity), t.config.vocab_size)
         if ds is not None:
-            self.set_resource("corpus", ds)
+            t.set_resource("corpus", ds)
             return None
-        self._corpus_job = Background(lambda: engine_corpus(self.tokenizer, self.identity, self.config.vocab_size),
-                                      name="swiftk-corpus", low_priority=True)
-        return self._corpus_job
+        self._job = Background(lambda: engine_corpus(t.tokenizer, t.identity, t.config.vocab_size),
+                               name="swiftk-corpus", low_priority=True)
+        return self._job
 
-    def use_corpus(self, datastore) -> None:
+    def use(self, datastore) -> None:
         """Draft corpus n-grams from ``datastore`` (``swiftk.proposers.datastore.Datastore.build(token_ids)``)."""
         if not isinstance(datastore, Datastore):
             raise SwiftkError("use_corpus takes a swiftk.proposers.datastore.Datastore, got "
                               f"{type(datastore).__name__}")
-        if datastore.max_token() >= self.config.vocab_size:
-            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.config.vocab_size})")
-        self.set_resource("corpus", datastore)
+        if datastore.max_token() >= self.target.config.vocab_size:
+            raise SwiftkError(f"the corpus holds token ids >= the model's vocabulary ({self.target.config.vocab_size})")
+        self.target.set_resource("corpus", datastore)

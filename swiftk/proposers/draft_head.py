@@ -30,6 +30,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -38,6 +39,7 @@ from ..errors import SwiftkError, warn
 from ..files import read_json
 from ..runtime.model import BlockWeight, QWeight, linear, nbytes
 from ..home import swiftk_home
+from ..target import Target
 from .stdlib import head_corpus_files as _corpus_files, head_corpus_texts as _corpus_texts
 
 _RECIPE = 1  # bump when the corpus or counting changes, to invalidate caches
@@ -204,18 +206,19 @@ class DraftHead:
         return sum(nbytes(t) for t in (self._w, self._ids) + ((self._s,) if self._s is not None else ()))
 
 
-def engine_draft_head(engine, size: int, slot: int = 0):
-    """The engine's draft head of ``size`` base tokens for the calls on batch slot ``slot``, built once (kept as
+def target_draft_head(target: Target, size: int, slot: int = 0) -> Optional[DraftHead]:
+    """The target's draft head of ``size`` base tokens for the calls on batch slot ``slot``, built once (kept as
     its ("draft_head", size, slot) resource: slot 0's from the vocabulary, the others copies of it) and reset for a
     new call; None when a subset would not be much smaller than the vocabulary (or ``size`` is 0)."""
-    if not 0 < size < engine.config.vocab_size // 2:
+    if not 0 < size < target.config.vocab_size // 2:
         return None
-    def make():
-        base = frequent_token_ids(engine.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
-                                  model_name=str(engine.identity.get("name") or "model"))
-        return len(base), DraftHead(engine.model.lm_head, base.to(engine.device), len(base) + engine.max_context + 64)
 
-    n_base, first = engine.resource(("draft_head", size, 0), make)
-    head = first if not slot else engine.resource(("draft_head", size, slot), lambda: first.copy(n_base))
+    def make():
+        base = frequent_token_ids(target.tokenizer, size, cache_dir=swiftk_home() / "draft_vocab",
+                                  model_name=target.name)
+        return len(base), DraftHead(target.model.lm_head, base.to(target.device), len(base) + target.max_context + 64)
+
+    n_base, first = target.resource(("draft_head", size, 0), make)
+    head = first if not slot else target.resource(("draft_head", size, slot), lambda: first.copy(n_base))
     head.truncate(n_base)
     return head

@@ -4,7 +4,7 @@ matchness, the skip-set search's measure of how well a set drafts.
 
 Draft steps read the committed target KV for the prefix and write their own KV (for the sublayers they compute)
 into scratch slots past the committed length; the verify pass overwrites those slots, so nothing is copied or
-cloned. After each step the gate (costs.Gate) decides whether one more draft token is worth its cost.
+cloned. After each step the gate (decoding.gate.Gate) decides whether one more draft token is worth its cost.
 
 KVQ cache (``boundary=f``): every sublayer before layer f is computed by the draft exactly as the target computes
 it, so the KV it writes there for the spine tokens is the target's own, and the residual entering layer f (the

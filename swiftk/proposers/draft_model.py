@@ -19,6 +19,7 @@ from ..home import swiftk_home
 from .draft_head import DraftHead, frequent_token_ids
 from .draft_loop import ModelDrafter, draft_chain
 from ..runtime.model import Model
+from ..target import Target
 
 
 # Tokens a catch-up pass reads at most: a longer one (a new prompt, or a long stretch of rounds left to the free
@@ -27,30 +28,30 @@ from ..runtime.model import Model
 WINDOW = 64
 
 
-def load_draft_model(engine, ckpt, weights, activations) -> "DraftModel":
-    """The draft model of ``engine`` from a loaded checkpoint, with the target's weight options: its vocabulary
-    must be the target's, token for token."""
+def load_draft_model(target: Target, ckpt, weights, activations, draft_vocab: int) -> "DraftModel":
+    """The draft model of ``target`` from a loaded checkpoint, with the target's weight options: its vocabulary
+    must be the target's, token for token. ``draft_vocab``: its reduced head's frequent tokens (0: the full head)."""
     if not hasattr(ckpt, "tokenizer") or not hasattr(ckpt, "config"):
         raise SwiftkError(f"Engine(draft_model=...) takes a loaded checkpoint, got {type(ckpt).__name__}; "
                           "swiftk.load(..., draft_model=NAME_OR_PATH) loads one")
     name = ckpt.identity.get("name") or "model"
-    if ckpt.tokenizer.ids_fingerprint() != engine.tokenizer.ids_fingerprint():   # its eos may differ (base vs chat)
+    if ckpt.tokenizer.ids_fingerprint() != target.tokenizer.ids_fingerprint():   # its eos may differ (base vs chat)
         raise SwiftkError(f"draft_model {name!r} does not share the target's tokenizer (other tokens or merges): "
                           "a draft must propose the target's token ids")
-    if ckpt.config.vocab_size != engine.config.vocab_size:
+    if ckpt.config.vocab_size != target.config.vocab_size:
         raise SwiftkError(f"draft_model {name!r} scores {ckpt.config.vocab_size} token ids, the target "
-                          f"{engine.config.vocab_size}: its logits must cover the target's vocabulary row for row")
-    if ckpt.config.max_position < engine.max_context:
+                          f"{target.config.vocab_size}: its logits must cover the target's vocabulary row for row")
+    if ckpt.config.max_position < target.max_context:
         raise SwiftkError(f"draft_model's context length {ckpt.config.max_position} is shorter than "
-                          f"max_context {engine.max_context}")
-    model = Model(ckpt.config, ckpt.tensors, device=engine.device, dtype=engine.dtype, weights=weights,
-                  activations=activations, kv_cache=str(engine.model.kv_dtype).replace("torch.", ""))
+                          f"max_context {target.max_context}")
+    model = Model(ckpt.config, ckpt.tensors, device=target.device, dtype=target.dtype, weights=weights,
+                  activations=activations, kv_cache=str(target.model.kv_dtype).replace("torch.", ""))
     ckpt.tensors = {}
     info = {"model": dict(ckpt.identity), "weights": model.weights, "weight_bytes": model.weight_bytes(),
-            "weight_ratio": round(model.weight_bytes() / max(1, engine.model.weight_bytes()), 4)}
-    head = draft_model_head(model, engine.tokenizer, engine.decode_config.draft_vocab, engine.max_context,
-                            engine.identity.get("name"))
-    return DraftModel(model, engine.cache.max_slots, info, head=head)
+            "weight_ratio": round(model.weight_bytes() / max(1, target.model.weight_bytes()), 4),
+            "draft_vocab": draft_vocab}
+    head = draft_model_head(model, target.tokenizer, draft_vocab, target.max_context, target.identity.get("name"))
+    return DraftModel(model, target.kv_slots, info, head=head)
 
 
 def draft_model_head(model, tokenizer, size: int, max_context: int, name) -> "DraftHead | None":

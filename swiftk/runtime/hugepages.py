@@ -1,7 +1,7 @@
 """Weight memory in 2 MiB pages. A decode step streams every weight once: with 4 KiB pages a 1 GB model crosses
 ~250k pages per step, each a TLB miss and (in a VM) a nested page walk, and the hardware prefetchers stop at every
 page boundary. In 2 MiB pages the registry models decoded 1.05-1.25x faster on a 2-core KVM guest
-(docs/performance.md).
+(bench/results/history.md).
 
 Linux backs a region with transparent huge pages when it is advised (``madvise(MADV_HUGEPAGE)``) before its first
 touch and ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` (Ubuntu's and Debian's default) or

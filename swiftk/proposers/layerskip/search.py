@@ -3,7 +3,7 @@
 Every optimization step the decode loop measures one candidate's *matchness* (teacher-forced draft agreement on
 the last ``context_window`` generated tokens, drafter.matchness) and reports it with a *score*:
 - ``objective="speed"`` (default): the expected tokens per decode-step time of drafting with that set, from its
-  matchness and its measured draft cost (costs.CostModel.expected_rate). The number of skipped sublayers varies
+  matchness and its measured draft cost (target.costs.CostModel.expected_rate). The number of skipped sublayers varies
   (1 .. skip_ratio of them): cheap sets that still agree win, as in a knapsack over sublayer costs.
 - ``objective="matchness"``: the paper's rule, matchness at exactly ``round(skip_ratio * 2L)`` skipped sublayers.
 

@@ -6,7 +6,7 @@ Per op the preference is cuda-extension > cupy > triton > torch, by device and a
   (TRITON_INTERPRET=1, set before the first kernel import). The library's other ops have one module each, and
   each falls back to its torch twin by itself: cpu_linear (float matmul) and cpu_quant (block matmul), picked per
   weight form by runtime/weights.py (the forms live above this layer); cpu_layers (the fused layer loop, driven
-  by runtime/fused.py); cpu_topk; cpu_accept (greedy tree walk); cpu_ngram (the corpus chain walk).
+  by runtime/model.py); cpu_topk; cpu_accept (greedy tree walk); cpu_ngram (the corpus chain walk).
 - CUDA: the swiftk._C kernels where built (tree_attention, kv_commit, fused_add_rmsnorm, rmsnorm), else the same
   CUDA sources compiled at first use through CuPy/NVRTC (swiftk/runtime/ops/cupy_ops.py), Triton for the rest (or
   everything when neither is there), torch when Triton is missing too.

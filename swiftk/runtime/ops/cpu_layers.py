@@ -1,5 +1,5 @@
 """The CPU backend of the whole layer stack: the fused layer loop ``swk_layers`` / ``swk_layers_multi``
-(``kernels/cpu/cpu_decode.cpp``, from the one kernel library), driven by runtime/fused.py. Its twin is the model's
+(``kernels/cpu/cpu_decode.cpp``, from the one kernel library), driven by runtime/model.py. Its twin is the model's
 op-by-op pass (runtime/model.py), which runs where :func:`fused_active` is False."""
 from __future__ import annotations
 

@@ -53,6 +53,23 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _kv_commit(ext, fallback: dict, cache, src_slots, dst_slots) -> None:
+    """Copy KV rows ``src_slots`` -> ``dst_slots`` of every layer on the GPU (the fallback's for what the kernel
+    does not take)."""
+    code = _dtype_code(ext, cache.dtype)
+    n = src_slots.numel()
+    if (code is None or not _on_cuda(cache, src_slots, dst_slots) or cache.dim() != 5
+            or cache.stride(-1) != 1 or n * cache.element_size() > _KV_COMMIT_SMEM):
+        return fallback["kv_commit"](cache, src_slots, dst_slots)
+    if src_slots.shape != dst_slots.shape or src_slots.dim() != 1:
+        raise SwiftkError(f"kv_commit: src {tuple(src_slots.shape)} / dst {tuple(dst_slots.shape)} must be equal 1-D")
+    src = src_slots.to(torch.int64).contiguous()
+    dst = dst_slots.to(torch.int64).contiguous()
+    L, _, KV, _, hd = cache.shape
+    ext.kv_commit(cache.data_ptr(), src.data_ptr(), dst.data_ptr(), n, L, KV, hd, cache.stride(0),
+                  cache.stride(1), cache.stride(2), cache.stride(3), code, _stream(cache))
+
+
 def make_ops(fallback: dict[str, Callable], ext=None) -> dict[str, Callable]:
     """op name -> CUDA wrapper; ``fallback`` holds the next backend's ops for inputs the kernels do not take.
     ``ext``: the entry points (default ``swiftk._C``; the CuPy backend passes its NVRTC-compiled twin)."""
@@ -84,18 +101,7 @@ def make_ops(fallback: dict[str, Callable], ext=None) -> dict[str, Callable]:
         return out
 
     def kv_commit(cache, src_slots, dst_slots):
-        code = _dtype_code(ext, cache.dtype)
-        n = src_slots.numel()
-        if (code is None or not _on_cuda(cache, src_slots, dst_slots) or cache.dim() != 5
-                or cache.stride(-1) != 1 or n * cache.element_size() > _KV_COMMIT_SMEM):
-            return fallback["kv_commit"](cache, src_slots, dst_slots)
-        if src_slots.shape != dst_slots.shape or src_slots.dim() != 1:
-            raise SwiftkError(f"kv_commit: src {tuple(src_slots.shape)} / dst {tuple(dst_slots.shape)} must be equal 1-D")
-        src = src_slots.to(torch.int64).contiguous()
-        dst = dst_slots.to(torch.int64).contiguous()
-        L, _, KV, _, hd = cache.shape
-        ext.kv_commit(cache.data_ptr(), src.data_ptr(), dst.data_ptr(), n, L, KV, hd, cache.stride(0),
-                      cache.stride(1), cache.stride(2), cache.stride(3), code, _stream(cache))
+        return _kv_commit(ext, fallback, cache, src_slots, dst_slots)
 
     def _norm(delta, residual, weight, eps, skip_flag):
         D = residual.shape[-1]

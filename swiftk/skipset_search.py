@@ -6,6 +6,7 @@ Bayesian optimization (``bayesian-optimization``: GP + UCB) runs over one coordi
 sublayer; a coordinate > 0.5 skips that sublayer. The first ``n_init`` points are random. Every evaluated point is
 appended to a state file (written atomically), so an interrupted search resumes where it stopped; the best set
 found is written in the same JSON format as ``Engine.save_skip_set`` and is used with ``method="static"``.
+An application of the engine beside the CLI (it decodes with ``Engine.generate``), not a draft source.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ...atomic import write_json_atomic
-from ...errors import SwiftkError
-from ...files import read_json, read_text
+from .atomic import write_json_atomic
+from .engine import Engine
+from .errors import SwiftkError
+from .files import read_json, read_text
 
 STATE_VERSION = 1
 
@@ -51,7 +53,7 @@ def read_prompts(path) -> list:
 
 
 class OfflineSearch:
-    def __init__(self, engine, prompts: Sequence, *, iterations: int = 30, n_init: int = 8,
+    def __init__(self, engine: Engine, prompts: Sequence, *, iterations: int = 30, n_init: int = 8,
                  max_new_tokens: int = 64, chat: bool = False, state_path=None, seed: int = 0,
                  kappa: float = 2.5):
         if iterations < 1 or n_init < 1 or max_new_tokens < 1:
