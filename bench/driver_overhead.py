@@ -7,7 +7,8 @@ Arms, alternated per prompt (the order rotates), on one engine per method: ``gen
 ``bare``: the same request opened by ``Engine.open_call`` on slot 0, then for the reference method the plain loop
 (``decoding.passes.autoregressive``: prefill, then one ``plain_step`` a token), for the default the Decoder's
 plan / run / finish in a while loop (the lone driver before the scheduler drove every call), closed by
-``Engine.close_call``. Tokens/s = generated tokens / wall time of the calls (prefill included); per model and
+``Engine.close_call``. Both arms open the call the same way (for the reference method that builds a Session the
+bare loop does not use, ~0.3 ms a call), so the ratio is the rounds' cost, not the call's setup. Tokens/s = generated tokens / wall time of the calls (prefill included); per model and
 method the true median over repetitions of generate ÷ bare and every repetition; every output must be equal.
 Writes ``driver_overhead_<date>.json`` / ``.md`` under ``--out``.
 """

@@ -172,7 +172,7 @@ def copy_bandwidth(device, mib: int = 0, repeats: int = 5) -> float:
 def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
     """Host memory read speed in GB/s (a float32 sum over ``mib`` MiB, best of ``repeats``): a decode step streams
     the weights, so this is its ceiling. Benches record it at their start and end, because a VM's memory speed
-    moves between runs (docs/performance.md) and ratios move with it. The buffer is in 2 MiB pages where the
+    moves between runs (bench/results/history.md) and ratios move with it. The buffer is in 2 MiB pages where the
     system allows, as swiftk's weights are (runtime/hugepages.py): in 4 KiB pages the same sum read ~20% less."""
     from swiftk.runtime import hugepages
 

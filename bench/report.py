@@ -1,10 +1,10 @@
-"""Print the Performance tables (Markdown) of docs/performance.md from the latest bench.e2e results under bench/results.
+"""Print the bench.e2e tables (Markdown) from the latest bench.e2e results under bench/results.
 
     python -m bench.report [--results bench/results] [--device-kind cpu] [--model NAME ...]
 
 Takes, per model (and device kind), the newest ``*.summary.json`` (by the date inside it) and renders its tables,
-the machine it ran on and the command that reproduces it. The output goes into docs/performance.md; the README's
-headline table is a small hand-picked subset of it, with a pointer there.
+the machine it ran on and the command that reproduces it. Its tables are in the run history
+(bench/results/history.md); docs/performance.md cites the runs that are current.
 """
 from __future__ import annotations
 

@@ -259,10 +259,14 @@ class Engine:
         """The results of ``reqs`` (from :meth:`request`), decoded by one scheduler with ``max_batch`` slots: the one
         road of every call (a lone ``generate`` is a batch of one). A call that fails raises after the others
         finish (the first such error, unchanged); an interrupt ends every call and propagates."""
+        check_max_batch(max_batch)
+        bad = [r for r in reqs if not isinstance(r, Request)]
+        if bad:
+            raise SwiftkError(f"decode takes Requests (Engine.request(...)), got {type(bad[0]).__name__}")
         out: list = [None] * len(reqs)
         errors: list = []
         with self.hold():
-            sched = Scheduler(self, max_batch)
+            sched = Scheduler(self, max_batch, whole_prompts=max_batch == 1)
             for i, r in enumerate(reqs):
                 sched.submit(r, lambda res, err, i=i: errors.append(err) if err is not None else out.__setitem__(i, res))
             try:
@@ -425,7 +429,7 @@ class Engine:
         s = Session(self.model, sl.cache, self.costs, Gate(self.costs, gate_memory, cfg), sampler, sink, cfg,
                     req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs, req.grammar)
         drafter = m.drafter(self.target, state, cfg, req.fixed, slot) if m.speculative else None
-        call.decoder = Decoder(s, drafter, sources)
+        call.decoder = Decoder(s, drafter, sources, reference=not m.speculative)
         return call
 
     def close_call(self, call: Call, stats) -> GenerationResult:
@@ -487,7 +491,8 @@ class Engine:
         return self.target.resource(name, make)
 
     def set_resource(self, name, value) -> None:
-        self.target.set_resource(name, value)
+        with self._lock:   # not while a call decodes: a resource swapped mid-round would serve half a round
+            self.target.set_resource(name, value)
 
     def corpus(self, wait: bool = False) -> Datastore:
         """The corpus n-gram tables the "datastore" source drafts from (proposers.datastore.CorpusTables.get: empty

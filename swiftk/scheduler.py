@@ -39,10 +39,11 @@ class CallHost(Protocol):
 
 
 class Scheduler:
-    def __init__(self, host: CallHost, max_batch: int):
+    def __init__(self, host: CallHost, max_batch: int, whole_prompts: bool = False):
+        """``whole_prompts``: prefill each prompt in one pass (a caller that submits everything at once, with one
+        slot: nothing can arrive to join); else in chunks, so that the server's next request joins sooner."""
         self.host, self.max_batch = host, max_batch
-        # one slot: nothing can join a call, so its prompt is prefilled in one pass, as a lone call's
-        self.batch = Batch(host.model, whole_prompts=max_batch == 1)
+        self.batch = Batch(host.model, whole_prompts=whole_prompts)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._waiting: deque = deque()     # (request, done), arrival order

@@ -719,3 +719,21 @@ def test_a_call_is_ahead_by_what_its_rounds_produced_less_all_their_time(eng):
     s.searched(s.begin_round() - 0.05, None)
     s.begin_round()
     assert s.draft_context().ahead <= behind - 0.05
+
+
+def test_the_reference_method_reads_and_writes_nothing_learned(eng):
+    """The reference runs the round every method runs (a plain step a round, through the scheduler) but leaves the
+    engine's learned state and its cost model as they were, so an AR arm beside a speculative one changes nothing."""
+    before, seen = eng.costs.to_dict(), eng.state.tokens_seen
+    out = eng.generate(PROMPT, max_new_tokens=12, method="autoregressive")
+    assert out.stats.plain_steps >= 11 and out.stats.method == "autoregressive"
+    assert eng.costs.to_dict() == before and eng.state.tokens_seen == seen
+
+
+def test_decode_checks_its_arguments(eng):
+    req = eng.request(PROMPT, max_new_tokens=4)
+    with pytest.raises(SwiftkError, match="max_batch"):
+        eng.decode([req], 0)   # no slot: the scheduler would never admit it
+    with pytest.raises(SwiftkError, match="Requests"):
+        eng.decode([PROMPT], 1)
+    assert eng.decode([req], 1)[0].token_ids == eng.generate(PROMPT, max_new_tokens=4).token_ids

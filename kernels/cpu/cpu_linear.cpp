@@ -30,7 +30,7 @@ namespace {
 
 constexpr int NR = 4;  // weight rows per block
 // Activation rows per register tile: a tile holds NR * MR accumulators, MR activation vectors and one weight
-// vector. AVX-512 has 32 registers; AVX2 has 16, where a 4 x 4 tile spills (measured: docs/performance.md).
+// vector. AVX-512 has 32 registers; AVX2 has 16, where a 4 x 4 tile spills (measured: bench/results/history.md).
 constexpr int MR = SWK_W == 16 ? 4 : 3;
 // At 1-2 rows a 4-row block has too few independent FMA chains to hide the FMA latency (int8 weights, whose
 // conversion adds work per byte, ran at half the bandwidth): use 8-row blocks there. Each y[m, n] is still one

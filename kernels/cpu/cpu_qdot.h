@@ -14,7 +14,7 @@
 // integer dot products are cpu_simd.h's (iv/fv lanes, u8i8_pairs, i16_pairs, u8i8_dot, and the 512-bit zv/zf).
 //
 // Why: with float32 activations every weight costs a float FMA per activation row, so a verify pass of 8 tokens
-// cost ~3.4 decode steps (docs/performance.md). Here one byte-multiply instruction does 32 products.
+// cost ~3.4 decode steps (bench/results/history.md). Here one byte-multiply instruction does 32 products.
 //
 // Layout of the work: the 32-bit lanes of a vector are 8 consecutive weight rows. For each block, the 8 rows' quants
 // are transposed in registers (4 bytes of one row per lane) and kept in an L1 buffer; every activation row of the

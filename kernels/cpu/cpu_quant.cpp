@@ -315,7 +315,7 @@ void over_rows(int64_t N, int64_t K, G&& group, S&& single) {
 // ---- Q4_K with its scales factored out (AVX-512) ------------------------------------------------------------------
 // sum_i (a q_i - b) x_i = a sum_i q_i x_i - b sum_i x_i per 32-element chunk: the 4-bit quants become floats with one
 // shift and one table permute, and a and b are applied once per chunk instead of once per weight (fewer vector ops
-// per weight: the decode step is bound by them, docs/performance.md). The quants are read as 32-bit lanes of 4 bytes, so x is permuted once per call into
+// per weight: the decode step is bound by them, bench/results/history.md). The quants are read as 32-bit lanes of 4 bytes, so x is permuted once per call into
 // the order the lanes yield (xp) and each chunk's sum of x is precomputed (xs). Every path (any M, any tile) runs
 // the same per-(row, activation) sequence below, which keeps the batch invariance.
 //

@@ -2,7 +2,7 @@
 // after every decode step and verify pass. Torch twin: torch.topk / torch.argmax (tests/test_cpu_topk.py).
 //
 // Why our own: torch's CPU argmax and topk are several times slower than one vector pass over a vocabulary row, and
-// they run every round, beside a small model's decode step (measured: docs/performance.md).
+// they run every round, beside a small model's decode step (measured: bench/results/history.md).
 //
 // Order: larger first; equal values by lower index (torch.argmax's "first maximal value"); NaN counts as larger
 // than every number (torch's max reductions propagate it), so a NaN row's argmax is its first NaN.

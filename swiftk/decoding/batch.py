@@ -94,17 +94,16 @@ class Batch:
             return
         dt = time.perf_counter() - t
         total = sum(p.rows.tokens.shape[0] for _, p in shared)
-        # a pass of one call is that call's own, timed by its finish; prompt chunks are priced apart (long passes
-        # run at another rate per row)
-        if len(shared) > 1 and all(p.kind != "prefill" for _, p in shared):
+        # prompt chunks are priced apart (long passes run at another rate per row)
+        if all(p.kind != "prefill" for _, p in shared):
             self.fit.add(total, dt)
             costs = shared[0][0].s.costs
             if costs.step is None:   # no call alone timed a step yet: drafts are priced from this pass (a prior's
                 costs.observe_verify(total, dt)   # step share of it), so a fresh engine's batch drafts too
         for (d, p), logits in zip(shared, out):
-            d.s.stats.shared_passes += len(shared) > 1
+            d.s.stats.shared_passes += 1
             try:
-                d.finish(p, logits, dt, timed=len(shared) == 1)
+                d.finish(p, logits, dt, timed=False)   # a shared pass is not one call's step
             except Exception as e:  # noqa: BLE001
                 failed(d, e)
 

@@ -42,8 +42,10 @@ class Decoder:
     """One call's decoding with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None)
     and the free ``sources`` (proposers.base.FreeSource), one round at a time."""
 
-    def __init__(self, s: Session, drafter, sources: list):
-        self.s, self.drafter, self.sources = s, drafter, sources
+    def __init__(self, s: Session, drafter, sources: list, reference: bool = False):
+        """``reference``: the reference method's rounds (plain steps), which read and write nothing learned: not
+        even the cost model's step time."""
+        self.s, self.drafter, self.sources, self.reference = s, drafter, sources, reference
         self.owners = {src.name: src for src in sources}
         if s.grammar is not None:   # its forced tokens are a chain of the tree too
             self.owners[s.grammar.name] = s.grammar
@@ -121,7 +123,7 @@ class Decoder:
         if p.kind == "plain":
             root = s.tokens[-1]
             s.timer.totals["verify"] = s.timer.totals.get("verify", 0.0) + seconds
-            s.stepped(logits, p.phase, seconds, timed)
+            s.stepped(logits, p.phase, seconds, timed and not self.reference)
             learn(budget, self.learners, [root], logits, [0])
             budget.end_round({}, costs.step or 0.0)
             if p.levels:   # drafted, but no node was worth verifying: a round slower than a plain step

@@ -1,6 +1,7 @@
-"""The plain target passes every method shares: prefill, one autoregressive step, plain autoregressive decoding
-(the reference method) and a whole sequence's logits (reference checks). The speculative round's verify pass is
-loop.py's; with these, the only target passes in the package."""
+"""The plain target passes: a prompt's rows (``prefill_rows``) and a plain step's (``step_rows``) for the round
+(loop.py), a whole sequence's logits (reference checks) and the load-time timing passes; ``prefill``,
+``plain_step`` and ``autoregressive`` are the bare loop a benchmark compares the round with (bench.driver_overhead).
+The round's verify pass is loop.py's; with these, the only target passes in the package."""
 from __future__ import annotations
 
 import time
