@@ -3,7 +3,8 @@
     python -m bench.moa_step --model smollm2-135m [--drafter PATH] [--context 256] [--reps 51]
 
 After a ``--context``-token prompt is in the cache, times (medians of ``--reps``, interleaved): the target's decode
-step; the drafter's body (``MoARunner.step``: its torch ops), its draft-vocabulary head (``DraftHead.logits_subset``
+step; the drafter's body (``MoARunner.step``: one call to the kernel library where it is loaded, and its torch
+twin op by op), its draft-vocabulary head (``DraftHead.logits_subset``
 on the target's LM-head rows, the native block kernel) and the top-k read, each at the engine's torch threads and
 at one (what ``moa_draft`` runs with); a 3-step chain as ``moa_draft`` runs it; and the catch-up of the drafter's
 state per verified position (``MoARunner.sync``: LSA over every layer's K/V). Writes
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     from bench.e2e import machine_info
     from swiftk.atomic import write_json_atomic
     from swiftk.moa.method import load_drafter
+    from swiftk.moa.runner import MoARunner
 
     e = swiftk.load(a.model, persist=False)
     runner = load_drafter(e.target, a.drafter)
@@ -54,10 +56,21 @@ def main(argv=None) -> int:
     def decode():
         model.forward(torch.tensor([5]), pos, pos, cache, start=n)
 
-    def body():
-        runner.step(100, n)
+    # the anchor's input where the drafter has one: a final-normed hidden state, as the verify pass hands it over
+    final = model.ops.rmsnorm(model.forward(torch.tensor([5]), pos, pos, cache, start=n,
+                                            capture_layer=model.cfg.n_layers)[1], model.norm, model.cfg.rms_eps)
 
-    h = runner.step(100, n)
+    def body():
+        runner.step(100, n, final)
+
+    # its torch twin (op by op), on a state of its own caught up alike: the kernel's gain, side by side
+    twin = MoARunner(runner.drafter, model, runner.max_slots, native=False)
+    twin.sync(cache, committed)
+
+    def body_torch():
+        twin.step(100, n, final)
+
+    h = runner.step(100, n, final)
 
     def head_():
         model.logits_of(h, head.logits_subset)
@@ -69,11 +82,12 @@ def main(argv=None) -> int:
 
     def chain():
         for j in range(3):
-            x = runner.step(100, n + j)
+            x = runner.step(100, n + j, final)
             torch.topk(torch.softmax(model.logits_of(x, head.logits_subset)[0], -1), 4)[1].tolist()
 
     fns = {"decode": (decode, threads), **{f"{k}@{th}": (f, th) for k, f in
-                                            (("body", body), ("head", head_), ("topk", topk)) for th in (threads, 1)},
+                                            (("body", body), ("body_torch", body_torch), ("head", head_), ("topk", topk))
+                                            for th in (threads, 1)},
            "chain3@1": (chain, 1)}
     times = {k: [] for k in fns}
     for _ in range(3):   # warm-up

@@ -135,6 +135,8 @@ def _train_args(sub, names: list) -> None:
     t.add_argument("--reuse", type=int, default=2, help="steps that train on one target pass's features")
     t.add_argument("--tli", type=int, default=0, help="target layers that finish each draft step")
     t.add_argument("--no-lsa", action="store_true", help="ablation: last target layer's K/V instead of LSA")
+    t.add_argument("--anchor", action="store_true", help="also read the target's final hidden state at the last "
+                   "verified position (EAGLE's feature)")
     t.add_argument("--steps", type=int, default=800)
     t.add_argument("--batch", type=int, default=4, help="chunks per step")
     t.add_argument("--lr", type=float, default=2e-3)
@@ -323,9 +325,10 @@ def _train_drafter(a) -> int:
     rep = train.train(eng.target, text, out, steps=a.steps, batch=a.batch, chunk=a.chunk, reuse=a.reuse, lr=a.lr,
                       seed=a.seed, resume=a.resume, progress=sys.stderr.isatty(), recipe=recipe, tli=a.tli,
                       log=None if sys.stderr.isatty() else (lambda line: print(line, file=sys.stderr, flush=True)),
-                      lsa=not a.no_lsa)
+                      lsa=not a.no_lsa, anchor=a.anchor)
     h = rep["held_out"]
-    print(f"{out}: {rep['parameters']:,} parameters, TLI {a.tli}{'' if not a.no_lsa else ', no LSA'}; "
+    print(f"{out}: {rep['parameters']:,} parameters, TLI {a.tli}{'' if not a.no_lsa else ', no LSA'}"
+          f"{', anchor' if a.anchor else ''}; "
           f"{rep['train_tokens_seen']:,} corpus tokens seen in {rep['train_s']:.0f} s "
           f"({rep['target_s']:.0f} s of target passes); held-out greedy agreement by depth "
           f"{h['acceptance_by_depth']}, implied mean accepted length {h['mean_accepted_length']}")

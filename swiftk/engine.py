@@ -42,7 +42,7 @@ from .proposers.datastore import CorpusTables, Datastore
 from .proposers.draft_head import target_draft_head
 from .proposers.draft_model import load_draft_model
 from .decoding.state import LearnedState, load_persisted, state_file
-from .requests import Call, Request, Slot, check_max_batch, check_slots_fit, default_max_batch
+from .requests import Call, Request, SlotPool, check_max_batch
 from .scheduler import Scheduler
 from .target import Target
 
@@ -110,7 +110,7 @@ class Engine:
                              drafter)
         self._lock = threading.RLock()
         self._busy, self._owner = False, None   # a call holds the KV cache (see hold)
-        self._slots = [Slot(self.cache)]   # batch slots: a KV cache each (slot 0's is self.cache), made at first use
+        self.slots = SlotPool(self.model, self.cache, max_context + SCRATCH)   # batch slots; slot 0's is self.cache
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
@@ -252,7 +252,7 @@ class Engine:
         max_batch = check_max_batch(self.default_max_batch if max_batch is None else max_batch)
         reqs = [self.request(p, **kw) for p in prompts]
         max_batch = max(1, min(max_batch, len(reqs)))   # KV caches for the calls there are, not for the cap
-        self.reserve_slots(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
+        self.slots.reserve(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
         return self.decode(reqs, max_batch)
 
     def decode(self, reqs: Sequence[Request], max_batch: int) -> list:
@@ -308,47 +308,13 @@ class Engine:
     # ------------------------------------------------------------------ from a user's arguments to a call's result
     def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
         """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
-        the model ``tools`` (OpenAI's tool specs) when given."""
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                for t in prompt):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise SwiftkError(f"token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})")
-            return ids
-        if chat:
-            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            if not self.tokenizer.chat_template:
-                raise SwiftkError("chat=True but this model has no chat template")
-            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
-                                                      **({"tools": tools} if tools else {}))
-            self.check_prompt_bytes(text)
-            ids = self.tokenizer.encode(text, add_bos=False)
-        else:
-            if not isinstance(prompt, str):
-                raise SwiftkError(f"prompt must be a string, a list of token ids or (chat=True) messages, "
-                                  f"got {type(prompt).__name__}")
-            self.check_prompt_bytes(prompt)
-            ids = self.tokenizer.encode(prompt)
-        if not prompt or not ids:
-            raise SwiftkError("prompt is empty")
-        return ids
+        the model ``tools`` (OpenAI's tool specs) when given (Target.encode_prompt)."""
+        return self.target.encode_prompt(prompt, chat, tools)
 
     @property
     def prompt_char_limit(self) -> int:
-        """No text over this many characters fits the context, whatever it says (each token covers at most the
-        vocabulary's longest entry; a character is at least a byte)."""
-        return self.max_context * self.tokenizer.max_token_bytes
-
-    def check_prompt_bytes(self, text: str) -> None:
-        """Refuse, before tokenizing it, a text too long for the context in any tokenization: a huge input costs
-        ~250 MB of tokenizer memory per MB."""
-        if len(text) > self.prompt_char_limit:
-            n = len(text.encode("utf-8", "surrogatepass"))
-            least = -(-n // self.tokenizer.max_token_bytes)
-            raise SwiftkError(f"the prompt is {n} bytes: at least {least} tokens (no token of this vocabulary "
-                              f"covers more than {self.tokenizer.max_token_bytes} bytes), over the context "
-                              f"({self.max_context} tokens)")
+        """No text over this many characters fits the context (Target.prompt_char_limit)."""
+        return self.target.prompt_char_limit
 
     def request(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
@@ -386,7 +352,7 @@ class Engine:
         lp = None if logprobs is None else TokenLogprobs(logprobs)
         return Request(ids=ids, max_new_tokens=max_new_tokens, method=m, sampling=sp, stop=list(stop), cfg=cfg,
                        fixed=fixed, state=state, proposers=proposers, reuse_ok=reuse_ok, exit_layer=exit_layer,
-                       callback=callback, progress=progress, cancel=_cancel, logprobs=lp,
+                       callback=callback, progress=progress, cancel=threading.Event() if _cancel is None else _cancel, logprobs=lp,
                        grammar=self._grammar_state(grammar, sp, cfg))
 
     def _grammar_state(self, grammar, sp, cfg):
@@ -406,7 +372,7 @@ class Engine:
         """Start decoding ``req`` on batch slot ``slot`` (its KV cache): the method's drafter and learned state,
         the sink, the Session and its Decoder (the reference method's has no drafter and no sources)."""
         m, cfg, sp = req.method, req.cfg, req.sampling
-        sl = self.slot(slot)
+        sl = self.slots.get(slot)
         if m.speculative:
             m.prepare(self.target, cfg)   # what the method builds once (draft head, drafter), before the timed loop
             if cfg.datastore:
@@ -447,6 +413,7 @@ class Engine:
             call.slot.held.record(call.slot.cache, list(req.ids) + list(sink.ids))
         stats.arithmetic = self.model.arithmetic(short=True)
         stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
+        stats.queue_time_s = max(0.0, call.t0 - req.arrival)
         stats.exit_layer = req.exit_layer
         if self.persist and m.speculative and call.state is self.state:
             self._save_persisted()
@@ -455,35 +422,9 @@ class Engine:
                                 finish_reason=sink.finish_reason, stats=stats, logprobs=lp)
 
     @property
-    def slot_bytes(self) -> int:
-        """Bytes of one batch slot's KV cache."""
-        return self.cache.data.numel() * self.cache.data.element_size()
-
-    @property
     def default_max_batch(self) -> int:
         """Calls decoded together when not told (requests.default_max_batch: by cores and available memory)."""
-        return default_max_batch(self.slot_bytes)
-
-    def reserve_slots(self, n: int, asked: str) -> None:
-        """Refuse, before any work, ``n`` batch slots whose KV caches would not fit in memory (``asked``: what
-        asked for them, for the message)."""
-        check_slots_fit(max(0, n - len(self._slots)), self.slot_bytes, asked)
-
-    def made_slot(self, i: int) -> Optional[Slot]:
-        """Batch slot ``i`` if its KV cache exists, else None (looking allocates nothing)."""
-        return self._slots[i] if i < len(self._slots) else None
-
-    def slot(self, i: int) -> Slot:
-        """Batch slot ``i``: a KV cache of its own (slot 0's is ``self.cache``), made at first use."""
-        while len(self._slots) <= i:
-            check_slots_fit(1, self.slot_bytes, f"batch slot {len(self._slots)}")
-            try:
-                cache = self.model.new_cache(self.max_context + SCRATCH)
-            except (RuntimeError, MemoryError) as e:   # the allocator's own refusal, worded for a user
-                raise SwiftkError(f"cannot allocate the KV cache of batch slot {len(self._slots)} "
-                                  f"({self.slot_bytes / 2**20:.0f} MiB): out of memory ({e})") from None
-            self._slots.append(Slot(cache))
-        return self._slots[i]
+        return self.slots.default_max_batch()
 
     # ------------------------------------------------------------------ built once per engine
     def resource(self, name, make: Optional[Callable] = None):

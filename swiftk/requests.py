@@ -43,7 +43,8 @@ class Request:
     exit_layer: Optional[int]
     callback: Optional[Callable] = None
     progress: bool = False
-    cancel: Optional[threading.Event] = None
+    cancel: threading.Event = field(default_factory=threading.Event)   # set: decoding stops at its next token
+    arrival: float = field(default_factory=time.perf_counter)   # when it was made: its queue time counts from here
     logprobs: Optional[TokenLogprobs] = None   # logprobs=K asked: the emitted tokens' log-probabilities, filled in
     grammar: Optional[GrammarState] = None     # grammar= asked: the call's constraint, advanced as it decodes
 
@@ -129,6 +130,51 @@ def check_slots_fit(new_slots: int, slot_bytes: int, asked: str) -> None:
         raise SwiftkError(f"{asked} needs {new_slots} more KV cache(s) of {slot_bytes / 2**20:.0f} MiB "
                           f"({need / 2**30:.2f} GiB), but only {avail / 2**30:.2f} GiB of memory is available: "
                           f"{fit} more fit (ask for fewer calls at once, or load with a smaller max_context)")
+
+
+class SlotPool:
+    """The batch slots of an engine: a KV cache each, slot 0's made at load, the others at first use and only
+    where memory allows. The engine owns the pool (a slot keeps what its cache holds across calls: prefix reuse);
+    every scheduler decodes on it."""
+
+    def __init__(self, model, first: KVCache, slots_per_cache: int):
+        self.model, self.slots_per_cache = model, slots_per_cache
+        self._slots = [Slot(first)]
+
+    def __len__(self) -> int:
+        """Slots whose KV cache exists."""
+        return len(self._slots)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's KV cache."""
+        d = self._slots[0].cache.data
+        return d.numel() * d.element_size()
+
+    def default_max_batch(self) -> int:
+        """Calls decoded together when not told (:func:`default_max_batch`: by cores and available memory)."""
+        return default_max_batch(self.slot_bytes)
+
+    def reserve(self, n: int, asked: str) -> None:
+        """Refuse, before any work, ``n`` slots whose KV caches would not fit in memory (``asked``: what asked for
+        them, for the message)."""
+        check_slots_fit(max(0, n - len(self._slots)), self.slot_bytes, asked)
+
+    def made(self, i: int) -> Optional[Slot]:
+        """Slot ``i`` if its KV cache exists, else None (looking allocates nothing)."""
+        return self._slots[i] if i < len(self._slots) else None
+
+    def get(self, i: int) -> Slot:
+        """Slot ``i``, its KV cache made now if it has none yet."""
+        while len(self._slots) <= i:
+            check_slots_fit(1, self.slot_bytes, f"batch slot {len(self._slots)}")
+            try:
+                cache = self.model.new_cache(self.slots_per_cache)
+            except (RuntimeError, MemoryError) as e:   # the allocator's own refusal, worded for a user
+                raise SwiftkError(f"cannot allocate the KV cache of batch slot {len(self._slots)} "
+                                  f"({self.slot_bytes / 2**20:.0f} MiB): out of memory ({e})") from None
+            self._slots.append(Slot(cache))
+        return self._slots[i]
 
 
 def default_max_batch(slot_bytes: int) -> int:

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Protocol
 
 from .decoding.batch import Batch
 from .decoding.output import DecodeStats, GenerationResult
-from .requests import Call, Request, Slot
+from .requests import Call, Request, SlotPool
 from .runtime.model import Model
 
 SHARE_MIN = 32   # prompt tokens in common with a running call's worth waiting for its prefill and copying its KV
@@ -26,16 +26,14 @@ Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
 
 
 class CallHost(Protocol):
-    """What the scheduler needs of the engine: batch slots (a KV cache each) and calls opened and closed on them."""
+    """What the scheduler needs of the engine: its batch slots (a KV cache each) and calls opened and closed on
+    them."""
     model: Model
+    slots: SlotPool
 
     def open_call(self, req: Request, slot: int) -> Call: ...
 
     def close_call(self, call: Call, stats: DecodeStats) -> GenerationResult: ...
-
-    def slot(self, i: int) -> Slot: ...
-
-    def made_slot(self, i: int) -> Optional[Slot]: ...
 
 
 class Scheduler:
@@ -115,7 +113,7 @@ class Scheduler:
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _cancelled(req: Request) -> bool:
-        return req.cancel is not None and req.cancel.is_set()
+        return req.cancel.is_set()
 
     def _drop_cancelled_waiting(self) -> None:
         with self._lock:
@@ -182,7 +180,7 @@ class Scheduler:
 
     def _copy_start(self, twin, shared: int, req: Request, slot: int) -> None:
         """Give ``slot`` the twin call's KV of the shared prompt start, unless the slot already holds as much."""
-        sl = self.host.slot(slot)
+        sl = self.host.slots.get(slot)
         shared = min(shared, twin.slot.cache.length)
         if sl.held.shared(sl.cache, req.ids) < shared:
             sl.cache.copy_prefix(twin.slot.cache, shared)
@@ -191,13 +189,13 @@ class Scheduler:
     def _pick_slot(self, req: Request) -> int:
         """The free slot whose cache still holds the longest start of this prompt (prefix reuse), else the lowest
         whose cache exists, else the lowest: a KV cache is made only when no free one exists."""
-        made = [i for i in sorted(self._free) if self.host.made_slot(i) is not None]
+        made = [i for i in sorted(self._free) if self.host.slots.made(i) is not None]
         best = made[0] if made else min(self._free)
         if not req.reuse_ok:
             return best
         most = 0
         for i in made:
-            sl = self.host.made_slot(i)
+            sl = self.host.slots.made(i)
             n = sl.held.shared(sl.cache, req.ids)
             if n > most:
                 best, most = i, n

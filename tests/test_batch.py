@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import swiftk
-from swiftk.decoding.gate import Gate
+from swiftk.decoding.gate import Beside, Gate
 from swiftk.target.costs import CostModel
 from swiftk.errors import SwiftkError
 from swiftk.options import DecodeConfig
@@ -132,6 +132,14 @@ def test_stops_and_lengths_leave_the_batch_mid_way(eng):
         assert err is None and (res.token_ids, res.text, res.finish_reason) == (w.token_ids, w.text, w.finish_reason)
 
 
+def test_a_request_that_waited_for_a_slot_reports_its_queue_time(eng):
+    """One slot, two requests made together: the second opens only after the first closed, so its queue time covers
+    the first's whole decode; the first waited for nothing."""
+    a, b = eng.generate_many(PROMPTS[:2], max_batch=1, max_new_tokens=12, method="autoregressive")
+    assert a.stats.queue_time_s < b.stats.queue_time_s
+    assert b.stats.queue_time_s >= a.stats.wall_time_s > 0
+
+
 def test_a_failing_or_cancelled_call_leaves_the_others_unchanged(eng):
     """One request's proposer raises, another is cancelled after a few tokens: they end (with the error, or
     finish_reason "cancelled") and the others' tokens are those they get alone. The proposer raises the first time
@@ -246,14 +254,14 @@ def test_batch_kv_memory_is_sized_to_the_prompts_and_refused_when_it_cannot_fit(
     are refused with a SwiftkError saying how many fit, before any decoding; the server the same at start."""
     e = swiftk.load(str(smollm2_path), persist=False, datastore=False)
     e.generate_many(PROMPTS[:2], max_new_tokens=4, max_batch=64)
-    assert len(e._slots) == 2
+    assert len(e.slots) == 2
     e.generate_many(PROMPTS[2:5], max_new_tokens=4, max_batch=64)
-    assert len(e._slots) == 3
+    assert len(e.slots) == 3
     import swiftk.requests as rq
-    monkeypatch.setattr(rq, "available_memory", lambda: int(2.5 * e.slot_bytes))
+    monkeypatch.setattr(rq, "available_memory", lambda: int(2.5 * e.slots.slot_bytes))
     with pytest.raises(SwiftkError, match=r"needs 5 more KV cache\(s\).*\b2 more fit"):
         e.generate_many(PROMPTS[:8] * 2, max_new_tokens=4, max_batch=8)
-    assert len(e._slots) == 3
+    assert len(e.slots) == 3
     from swiftk.serve.app import Server
     with pytest.raises(SwiftkError, match="--max-batch 16 needs 13 more"):
         Server(e, "m", max_batch=16)
@@ -275,14 +283,13 @@ def test_a_node_that_pays_alone_may_not_pay_in_a_full_pass(eng):
     gate = Gate(costs, eng.new_state().gate, DecodeConfig().validate())
     values = [1.0, 0.9, 0.45]
     sizes = []
-    for batch in ((0, 0.0, None), (2, 2.0, None), (8, 8.0, None)):
-        gate.batch = batch
-        sizes.append(gate.tree_size(0.0, values))
+    for beside in (Beside(0, 0.0), Beside(2, 2.0), Beside(8, 8.0)):
+        sizes.append(gate.tree_size(0.0, values, beside))
     assert sizes == [3, 2, 0]
+    assert gate.tree_size(0.0, values) == 3   # alone, as the first
     # priced by the batch's own passes instead: 2 ms of weight reads and 2.5 ms a row (int8 rows on AVX2) -- beside
     # 3 rows expected to yield 3 tokens, not even a certain node pays
-    gate.batch = (3, 3.0, lambda T: 0.002 + 0.0025 * T)
-    assert gate.tree_size(0.0, [1.0, 1.0]) == 0
+    assert gate.tree_size(0.0, [1.0, 1.0], Beside(3, 3.0, lambda T: 0.002 + 0.0025 * T)) == 0
 
 
 def test_a_prompt_start_being_prefilled_is_copied_not_prefilled_again(smollm2_path):

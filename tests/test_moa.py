@@ -52,28 +52,36 @@ def test_cross_attention_sees_only_verified_states(eng, lsa):
         assert not torch.allclose(d.forward_train(emb, kv3, off)[0, i], base[0, i])
 
 
-def test_runner_equals_training_forward(eng):
-    """The incremental generation path (sync on verified positions, then chain steps) computes what the
-    teacher-forced training pass computes for the same tokens and offset."""
-    d = _random_drafter(eng)
+@pytest.mark.parametrize("anchor", [False, True])
+@pytest.mark.parametrize("native", [False, True])
+def test_runner_equals_training_forward(eng, anchor, native):
+    """The incremental generation path (sync on verified positions, then chain steps: torch op by op, or one call
+    to the kernel library) computes what the teacher-forced training pass computes for the same tokens and
+    offset; with the anchor, from the final hidden state of the last verified position, as the pass hands it
+    over."""
+    d = _random_drafter(eng, anchor=anchor)
     m, cache = eng.model, eng.model.new_cache(64)
     ids = eng.encode_prompt(_prompt(16))
     T = len(ids)
     pos = torch.arange(T)
-    m.forward(torch.tensor(ids), pos, pos, cache)
+    _, h = m.forward(torch.tensor(ids), pos, pos, cache, capture_layer=m.cfg.n_layers)
+    final = m.ops.rmsnorm(h, m.norm, m.cfg.rms_eps)
     kv = cache.data[:, :, :, :T].permute(3, 0, 1, 2, 4).reshape(T, m.cfg.n_layers, -1)
     emb = m.embed[torch.tensor(ids)]
-    r = MoARunner(d, m, 64)
+    r = MoARunner(d, m, 64, native=native)
+    assert (r.native is not None) == native
     for n, p in ((5, 5), (5, 8), (11, 13)):
         cache.reset()
         cache.advance(n)
         r.reset()
         r.sync(cache, ids)
         for q in range(n, p + 1):      # the chain n..p with the true tokens
-            out = r.step(ids[q], q)
+            out = r.step(ids[q], q, final[n - 1:n])
         with torch.no_grad():
-            ref = d.forward_train(emb[None], kv[None], torch.full((1, T), p - n + 1))[0, p]
+            ref = d.forward_train(emb[None], kv[None], torch.full((1, T), p - n + 1), final[None])[0, p]
         torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
+    if anchor:   # and the anchor is read: another final state changes the draft
+        assert not torch.allclose(r.step(ids[p], p, final[0:1]), out)
 
 
 def test_file_round_trip_and_bad_files(eng, tmp_path):
@@ -113,10 +121,10 @@ def test_missing_drafter_names_the_command(tiny_dir, tmp_path, monkeypatch):
         swiftk.load(str(tiny_dir), persist=False, drafter=tmp_path / "nope.safetensors")
 
 
-@pytest.mark.parametrize("tli", [0, 1, 3])
-def test_moa_greedy_identical_to_transformers(eng, tiny_dir, tmp_path, tli):
+@pytest.mark.parametrize("tli,anchor", [(0, False), (1, False), (3, False), (0, True)])
+def test_moa_greedy_identical_to_transformers(eng, tiny_dir, tmp_path, tli, anchor):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).float().eval()
-    save(tmp_path / "d.safetensors", _random_drafter(eng, tli=tli, seed=tli), eng.identity)
+    save(tmp_path / "d.safetensors", _random_drafter(eng, tli=tli, seed=tli, anchor=anchor), eng.identity)
     load_drafter(eng.target, tmp_path / "d.safetensors")
     for prompt in (_prompt(), "w3 w1 w4 w1 w5 w9 w2 w6", "w0"):
         ids = eng.encode_prompt(prompt)
@@ -149,9 +157,9 @@ def test_moa_drafts_that_match_get_accepted(eng, tmp_path, monkeypatch):
 
     real_step = R.MoARunner.step
 
-    def step(self, token, p):
+    def step(self, token, p, final=None):
         oracle.pos = p
-        return real_step(self, token, p)
+        return real_step(self, token, p, final)
 
     monkeypatch.setattr(R.MoARunner, "step", step)
     monkeypatch.setattr(eng.model, "logits_of", oracle(eng.model.logits_of))
@@ -359,3 +367,15 @@ def test_jsonl_prompts_are_answered_by_the_target(eng, tmp_path, monkeypatch):
     assert docs[0] == ("prompts.jsonl:1", ref.prompt_ids + ref.token_ids) and docs[1][0] == "prompts.jsonl:3"
     with pytest.raises(SwiftkError, match="needs the target to answer"):
         list(corpus.documents(str(f)))
+
+
+def test_native_step_refuses_what_it_cannot_read(eng):
+    """Out-of-range positions and a wrong weight list are SwiftkErrors, not reads past a buffer."""
+    from swiftk.runtime.ops.cpu_moa import MoAStep
+
+    r = MoARunner(_random_drafter(eng), eng.model, 8, native=True)
+    emb = eng.model.embed_rows(torch.tensor([3])).float()
+    with pytest.raises(SwiftkError, match="state tensors"):
+        r.native(emb, 8, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)    # row 8 of an 8-row state
+    with pytest.raises(SwiftkError, match="13 weight tensors"):
+        MoAStep(r.native.weights[:13], eng.config.hidden_size, 32, 2, 64)

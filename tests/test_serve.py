@@ -528,7 +528,7 @@ def test_a_request_being_opened_counts_against_the_limits(smollm2_path):
     """max_batch 2 + queue 1 admit 3 requests, also while the decode thread is opening one (taken off the queue, not
     yet running): it was counted nowhere then, and a 4th request got in."""
     from swiftk.serve.api import APIError
-    from swiftk.serve.decode import DecodeThread, Job
+    from swiftk.serve.decode import DecodeThread
     eng = swiftk.load(str(smollm2_path), persist=False, datastore=False)
     opening, release = threading.Event(), threading.Event()
     real = eng.open_call
@@ -542,12 +542,12 @@ def test_a_request_being_opened_counts_against_the_limits(smollm2_path):
     q = DecodeThread(eng, max_batch=2, queue_size=1)
     try:
         req = lambda: eng.request(PROMPT, max_new_tokens=2)   # noqa: E731
-        futs = [q.submit(req(), Job([], 2, {}, []))]
+        futs = [q.submit(req())]
         assert opening.wait(60)
         assert (q.waiting, q.running) == (0, 1)   # as /health shows it
-        futs += [q.submit(req(), Job([], 2, {}, [])) for _ in range(2)]
+        futs += [q.submit(req()) for _ in range(2)]
         with pytest.raises(APIError) as e:
-            q.submit(req(), Job([], 2, {}, []))
+            q.submit(req())
         assert e.value.status == 429
         release.set()
         assert all(len(f.result(120).token_ids) == 2 for f in futs)

@@ -7,7 +7,7 @@ a call's tokens do not depend on what shares its passes.
 
 Pricing: a draft row costs its share of a pass that also carries the other calls' rows. Before a call plans, its
 gate learns the rows already in the pass, the tokens they are expected to yield and what a pass of T rows costs
-here (``Gate.batch``: a least-squares line through the batch's own passes, seconds against rows); it keeps the
+here (a ``gate.Beside``, an argument of the call's plan: a least-squares line through the batch's own passes, seconds against rows); it keeps the
 nodes that raise the pass's tokens per second. Where rows are compute-bound (int8 products on AVX2: ~0.4 of a step
 each) that is almost never. The first call to plan rotates, so none always plans against an empty pass. Model
 drafters rest while calls share passes (their draft passes are their own). Prefills ride along in chunks, so a
@@ -19,6 +19,7 @@ import time
 from typing import Callable, Optional
 
 from ..target.costs import LinearFit
+from .gate import ALONE, Beside
 from .loop import Decoder, Pass
 
 # Prompt rows per pass while other calls decode (a prompt of 512 tokens joins over ~8 rounds), and while none does.
@@ -71,9 +72,7 @@ class Batch:
         alone = len(calls) == 1
         for i, d in enumerate(decoding):
             left = len(decoding) - i - 1   # calls still to plan: one row and one token each at least
-            d.s.gate.batch = (rows + left, tokens + left, None if alone else price)
-            p = self._plan(d, failed, alone=alone)
-            d.s.gate.batch = (0, 0.0, None)
+            p = self._plan(d, failed, alone=alone, beside=Beside(rows + left, tokens + left, None if alone else price))
             if p is not None:
                 plans.append((d, p))
                 rows += p.rows.tokens.shape[0]
@@ -107,9 +106,9 @@ class Batch:
             except Exception as e:  # noqa: BLE001
                 failed(d, e)
 
-    def _plan(self, d: Decoder, failed, limit: int = 0, alone: bool = True) -> Optional[Pass]:
+    def _plan(self, d: Decoder, failed, limit: int = 0, alone: bool = True, beside: Beside = ALONE) -> Optional[Pass]:
         try:
-            return d.plan(limit, alone)
+            return d.plan(limit, alone, beside)
         except Exception as e:  # noqa: BLE001 - a source or callback that raises fails its own call
             failed(d, e)
             return None

@@ -6,6 +6,9 @@ each and verifies T nodes at ``v(T)`` emits M tokens; it pays when M / (k*draft 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 from ..target.costs import CostModel, ema
 from .tree import node_values
 
@@ -14,6 +17,19 @@ _MARGIN = 0.03  # the least predicted gain a verify pass must promise (Gate.tree
 # int8) a draft row only breaks even when accepted, while the free estimates ran ~10% above what was accepted
 # (decoding/batch.py; bench/results/history.md, "Batching")
 _BATCH_MARGIN = 0.15
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What else rides in a round's pass (decoding/batch.py): other calls' rows, the tokens they are expected to
+    yield, and the seconds of a pass of T rows there (None: the cost model's ``v``)."""
+
+    rows: int = 0
+    tokens: float = 0.0
+    price: Optional[Callable[[int], float]] = None
+
+
+ALONE = Beside()
 
 
 class Gate:
@@ -34,9 +50,6 @@ class Gate:
         self.probing = False    # the tree being verified is such a probe
         self._free_est = None   # the free tree's estimated rate this round (model_draft_pays), for free_measured
         self.model_since, self.model_gap = 0, 4      # model drafts declined beside free chains, and the probe gap
-        # other calls' rows in this round's pass, the tokens they are expected to yield, and the seconds of a pass of
-        # T rows there (None: the cost model's v); decoding/batch.py sets it
-        self.batch = (0, 0.0, None)
 
     def should_draft(self) -> bool:
         m = self.memory
@@ -84,16 +97,16 @@ class Gate:
             m.free_bias += 0.2 * (min(4.0, max(0.25, rate / self._free_est)) - m.free_bias)
             self._free_est = None
 
-    def free_size(self, sunk_s: float, values: list) -> int:
+    def free_size(self, sunk_s: float, values: list, beside: Beside = ALONE) -> int:
         """``tree_size`` for a round with only free nodes, plus probing: the free sources' estimates learn only
         from verified proposals, so once they fall below break-even (chat) they would never see the text start
         repeating (code after chat). Every ``free_gap``-th declined proposal is verified anyway (its first node,
         the cheapest pass); the gap doubles while probes miss and resets when one is accepted."""
-        n = self.tree_size(sunk_s, values)
+        n = self.tree_size(sunk_s, values, beside)
         if n or not self.auto or not values:
             self.free_since = 0
             return n
-        if not self.tree_size(sunk_s, [1.0] * len(values)):
+        if not self.tree_size(sunk_s, [1.0] * len(values), beside):
             return 0   # not even a certain proposal would pay for its verify pass: a probe can only lose
         self.free_since += 1
         if self.free_since < self.free_gap:
@@ -116,6 +129,7 @@ class Gate:
         now = tokens / (sunk + c.v(depth + 1))
         more = (tokens + surv * a) / (sunk + step_s + c.v(depth + 2))
         return more > now
+
     @property
     def value_floor(self) -> float:
         """Nodes less likely than this to be accepted are never worth verifying: a node pays only if its chance
@@ -123,13 +137,13 @@ class Gate:
         measured (CPU 0.03-0.06 per token, H100 ~0.004). Chains are cut there before they are built."""
         return 0.5 * self.costs.slope if self.auto else 0.0
 
-    def tree_size(self, sunk_s: float, values: list) -> int:
+    def tree_size(self, sunk_s: float, values: list, beside: Beside = ALONE) -> int:
         """Non-root nodes to verify, given their acceptance values sorted best first and the time already spent.
-        Beside other calls' rows (``batch``) a node pays where it raises the whole pass's tokens per second."""
+        ``beside`` other calls' rows, a node pays where it raises the whole pass's tokens per second."""
         if not self.auto:
             return len(values)
-        rows, others, price = self.batch
-        v = price or self.costs.v
+        rows, others = beside.rows, beside.tokens
+        v = beside.price or self.costs.v
         plain = (others + 1.0) / (sunk_s + v(rows + 1))
         best_n, best, tokens = 0, plain, others + 1.0
         floor = self.value_floor

@@ -20,7 +20,8 @@ import torch
 from ..runtime.model import Rows
 from .acceptance import accept_nodes, accept_tree
 from .budget import SourceBudget
-from ..proposers.base import Context
+from .gate import ALONE, Beside
+from ..proposers.base import Context, Drafter, Proposer
 from .session import Session
 from .tree import Chain, Tree, build_tree
 
@@ -36,13 +37,14 @@ class Pass:
     levels: list = field(default_factory=list)   # verify: the model drafter's levels
     t_draft: float = 0.0           # host seconds the round's proposals took
     solo: bool = False             # it cannot share a pass: a KVQ verify starts from the draft's kept residual
+    final: Optional[torch.Tensor] = None   # the pass's final residual [rows, D], where the drafter reads it
 
 
 class Decoder:
     """One call's decoding with ``drafter`` (a model drafter: proposers.layerskip.LayerSkipDraft, moa's, or None)
     and the free ``sources`` (proposers.base.FreeSource), one round at a time."""
 
-    def __init__(self, s: Session, drafter, sources: list, reference: bool = False):
+    def __init__(self, s: Session, drafter: Optional[Drafter], sources: list[Proposer], reference: bool = False):
         """``reference``: the reference method's rounds (plain steps), which read and write nothing learned: not
         even the cost model's step time."""
         self.s, self.drafter, self.sources, self.reference = s, drafter, sources, reference
@@ -59,10 +61,11 @@ class Decoder:
     def done(self) -> bool:
         return self.s.done
 
-    def plan(self, prefill_limit: int = 0, alone: bool = True) -> Pass:
+    def plan(self, prefill_limit: int = 0, alone: bool = True, beside: Beside = ALONE) -> Pass:
         """Everything of the next round before its target pass. While the prompt is not all in the cache: its
         next chunk (``prefill_limit`` rows at most, 0: the rest). Not ``alone`` (other calls share the pass): no
-        model drafter runs, as its draft and search passes, its own, would hold up every call of the batch."""
+        model drafter runs, as its draft and search passes, its own, would hold up every call of the batch.
+        ``beside``: the rest of the pass, which the tree's nodes are priced against."""
         s = self.s
         if s.prefilling:
             return Pass("prefill", s.prefill_rows(prefill_limit))
@@ -92,7 +95,8 @@ class Decoder:
             size = gate.tree_size if levels else gate.free_size
             tree = build_tree(s.tokens[-1], levels, s.cache.length, s.max_nodes, s.model.device, chains=chains,
                               calibrate=drafter.calibrate if levels and gate.auto else (lambda p: p),
-                              choose_size=lambda vals: size(t_draft, vals) if gate.auto or not levels else len(vals))
+                              choose_size=lambda vals: size(t_draft, vals, beside) if gate.auto or not levels
+                              else len(vals))
         if levels:
             drafter.observe_cost(t_draft / len(levels))
         s.timer.add("draft", t)
@@ -104,13 +108,23 @@ class Decoder:
         return Pass("verify", rows, phase, tree, levels, t_draft, solo=boundary is not None)
 
     def run(self, p: Pass):
-        """The pass alone: its logits (all rows a verify or plain pass reads; a prefill's last row)."""
+        """The pass alone: its logits (all rows a verify or plain pass reads; a prefill's last row). Where the
+        drafter reads the final hidden state, the pass keeps it (``p.final``: the residual after the last layer)."""
         s, r = self.s, p.rows
+        if p.kind == "verify" and p.levels and self.drafter.boundary is not None:
+            return verify(s.model, s.cache, p.tree, p.levels, self.drafter.boundary)
+        final = s.model.cfg.n_layers if self.drafter is not None and self.drafter.reads_final else None
         if p.kind == "verify":
-            return verify(s.model, s.cache, p.tree, p.levels, self.drafter.boundary if p.levels else None)
-        if p.kind == "plain":
-            return s.model.forward(r.tokens, r.positions, r.slots, s.cache, start=s.cache.length)
-        return s.model.forward(r.tokens, r.positions, r.slots, s.cache, logits_idx=r.logits_idx)
+            out = s.model.forward(r.tokens, r.positions, r.slots, s.cache, attn_mask=r.mask, capture_layer=final)
+        elif p.kind == "plain":
+            out = s.model.forward(r.tokens, r.positions, r.slots, s.cache, start=s.cache.length, capture_layer=final)
+        else:
+            out = s.model.forward(r.tokens, r.positions, r.slots, s.cache, logits_idx=r.logits_idx,
+                                  capture_layer=final)
+        if final is None:
+            return out
+        logits, p.final = out
+        return logits
 
     def finish(self, p: Pass, logits, seconds: float, timed: bool = True) -> None:
         """Everything of the round after its pass (``seconds`` long; ``timed``: the round's own pass, which the cost
@@ -119,8 +133,10 @@ class Decoder:
         if p.kind == "prefill":
             s.prefilled(p.rows, logits)
             s.timer.totals["prefill"] = s.timer.totals.get("prefill", 0.0) + seconds
+            self._hand_final(p, -1)
             return
         if p.kind == "plain":
+            self._hand_final(p, 0)
             root = s.tokens[-1]
             s.timer.totals["verify"] = s.timer.totals.get("verify", 0.0) + seconds
             s.stepped(logits, p.phase, seconds, timed and not self.reference)
@@ -132,6 +148,7 @@ class Decoder:
         t = time.perf_counter()
         tree, levels = p.tree, p.levels
         nodes, bonus = accept(s, tree, logits)
+        self._hand_final(p, nodes[-1])
         learn(budget, self.learners, [tree.host_tokens[i] for i in nodes], logits, nodes)
         s.timer.totals["verify"] = s.timer.totals.get("verify", 0.0) + seconds
         t_verify = seconds + s.timer.add("verify", t) - t
@@ -151,6 +168,12 @@ class Decoder:
         t = time.perf_counter()
         s.commit(tree, nodes, bonus, p.phase, p.t_draft, t_verify, len(levels), logits)
         s.timer.add("other", t)
+
+    def _hand_final(self, p: Pass, row: int) -> None:
+        """The final residual of the row whose logits chose the next root token, to a drafter that reads it (None
+        after a pass that kept none: a shared one)."""
+        if self.drafter is not None and self.drafter.reads_final:
+            self.drafter.take_final(None if p.final is None else p.final[row:row + 1 if row != -1 else None])
 
     def close(self):
         """The call's DecodeStats."""

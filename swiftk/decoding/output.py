@@ -41,6 +41,7 @@ class DecodeStats:
     time_prefill_s: float = 0.0        # the prompt's pass, up to the first new token (no draft can speed it up)
     prompt_reused: int = 0             # prompt tokens whose KV the engine's previous call left (not prefilled)
     shared_passes: int = 0             # target passes that also carried other calls' rows (a batch)
+    queue_time_s: float = 0.0          # from the request's making to its call's start (waiting for a batch slot)
     time_optimize_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0

@@ -37,7 +37,8 @@ def load_drafter(target: Target, path=None) -> MoARunner:
                           f"--model {name}` or pass swiftk.load(..., drafter=PATH)")
     drafter, extra = load(p, target.config, target.identity, target.device)
     runner = MoARunner(drafter, target.model, target.kv_slots)
-    runner.info = {"path": str(p), "tli": drafter.cfg.tli, "lsa": drafter.cfg.lsa, "parameters": drafter.n_params(),
+    runner.info = {"path": str(p), "tli": drafter.cfg.tli, "lsa": drafter.cfg.lsa, "anchor": drafter.cfg.anchor,
+                   "parameters": drafter.n_params(),
                    **{k: extra[k] for k in extra if k != "history"}}
     target.set_resource("drafter", runner)
     return runner
@@ -70,7 +71,13 @@ class MoADraft(ModelDrafter):
         super().__init__(state, head)
         self.runner, self.costs = runner, costs
         self.caught_up = False
+        self.reads_final = runner.drafter.cfg.anchor
+        self.final = None   # the anchor's input: the final-normed hidden state of the row that chose the root
         runner.reset()
+
+    def take_final(self, h) -> None:
+        m = self.runner.model
+        self.final = None if h is None else m.ops.rmsnorm(h.float(), m.norm, m.cfg.rms_eps)
 
     def step_cost(self) -> float:
         """Seconds of one drafter step (prior: a fifth of a decode step, the share its LM head reads)."""
@@ -83,10 +90,10 @@ class MoADraft(ModelDrafter):
         self.runner.step_s = ema(self.runner.step_s, seconds_per_step)   # kept with the drafter (engine lifetime)
 
     def propose(self, dc) -> list:
-        if not dc.gate.should_draft():
-            return []
+        if (self.reads_final and self.final is None) or not dc.gate.should_draft():
+            return []   # no anchor after a shared pass: the next round alone has one
         self.caught_up = dc.cache.length - self.runner.n > self.CATCH_UP
         head = self._head(dc.tokens)
         return moa_draft(dc.model, dc.cache, self.runner, dc.tokens[:-1], dc.tokens[-1], dc.sampler, dc.gate,
                          self.calibrate, self.step_cost(), max_draft=dc.max_draft, max_spine=dc.max_spine,
-                         topk_bins=dc.bins, head=head, rejection=dc.rejection)
+                         topk_bins=dc.bins, head=head, rejection=dc.rejection, final=self.final)

@@ -7,6 +7,9 @@ One draft step for a token at position p, when the target has verified positions
   SA   causal self-attention over the drafter's own token stream (verified tokens, then the draft chain).
   CA   queries from the draft token, keys/values from LSA of positions [0, n) plus a learned always-visible "sink"
        (so a query with nothing verified before it still has a defined softmax).
+  ANC  (anchor=True) the target's final-normed hidden state at the last verified position n - 1, projected, plus an
+       embedding of the depth k = p - n + 1: added to the row after SA (EAGLE's feature: the state that gave the
+       root token; a row's own path only, so the SA keys of verified tokens stay token-only).
   MLP  then a projection to the target's hidden size: the activation entering target layer L - TLI.
   TLI = 0: that activation is the final residual (target's final norm + LM head give logits);
   TLI = N: the target's own last N layers (frozen, with their KV cache) finish the step.
@@ -45,6 +48,7 @@ class MoAConfig:
     lsa_heads: int = 2
     tli: int = 0         # target layers that finish a draft step
     lsa: bool = True     # False: the ablation without layer self-attention (last target layer's K/V only)
+    anchor: bool = False  # EAGLE's feature: the target's final hidden state at the last verified position
     max_offset: int = 8  # training: rows see verified states 1..max_offset positions back
     rope_theta: float = 10000.0
 
@@ -117,6 +121,10 @@ class MoADrafter(nn.Module):
         self.w_down = nn.Linear(c.mlp, d, bias=False)
         self.out_norm = nn.Parameter(torch.ones(d))
         self.out = nn.Linear(d, c.hidden, bias=False)
+        if c.anchor:
+            self.anchor_in = nn.Linear(c.hidden, d, bias=False)
+            self.depth_emb = nn.Parameter(torch.zeros(c.max_offset, d))
+            nn.init.zeros_(self.anchor_in.weight)   # starts as the plain MoA drafter: the anchor only adds
         # RoPE frequencies of the drafter's heads: derived from the config, not stored in the file
         self.register_buffer("inv_freq", rope_inv_freq(d // c.heads, c.rope_theta), persistent=False)
         for m in (self.sa_out, self.ca_out, self.w_down, self.lsa_out):
@@ -153,12 +161,21 @@ class MoADrafter(nn.Module):
         sh = lambda t: t.view(t.shape[:-1] + (c.heads, -1))  # noqa: E731
         return x, rope(sh(q), pos, self.inv_freq), rope(sh(k), pos, self.inv_freq), sh(v)
 
-    def finish(self, x: torch.Tensor, sa_o: torch.Tensor, ca_k, ca_v, ca_mask, pos) -> torch.Tensor:
-        """After self-attention: residual add, cross-attention to the LSA keys, MLP, output projection -> the
-        predicted target activation [..., T, hidden]. ca_k/ca_v [..., S, h, hd] (sink excluded), ca_mask
-        [..., T, S] bool."""
+    def anchor(self, final: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+        """The anchor term of rows at depth ``depth`` [...] (>= 1) whose last verified position's final-normed
+        hidden state is ``final`` [..., hidden] -> [..., d]. Depths past training's reuse its deepest embedding."""
+        # unit RMS in: the target's final norm scales its output by weights far from 1
+        f = F.rms_norm(final, (final.shape[-1],), None, 1e-6)
+        return self.anchor_in(f) + self.depth_emb[(depth - 1).clamp(0, self.cfg.max_offset - 1)]
+
+    def finish(self, x: torch.Tensor, sa_o: torch.Tensor, ca_k, ca_v, ca_mask, pos, anchor=None) -> torch.Tensor:
+        """After self-attention: residual add (and the anchor term), cross-attention to the LSA keys, MLP, output
+        projection -> the predicted target activation [..., T, hidden]. ca_k/ca_v [..., S, h, hd] (sink excluded),
+        ca_mask [..., T, S] bool."""
         c = self.cfg
         x = x + self.sa_out(sa_o)
+        if anchor is not None:
+            x = x + anchor
         q = rope(self.ca_q(rms(x, self.ca_norm)).view(x.shape[:-1] + (c.heads, -1)), pos, self.inv_freq)
         lead = ca_k.shape[:-3]
         sk = self.ca_sink[0].view(c.heads, -1).expand(lead + (1, c.heads, c.d // c.heads))
@@ -172,9 +189,10 @@ class MoADrafter(nn.Module):
         x = x + self.w_down(F.silu(g) * u)
         return self.out(rms(x, self.out_norm))
 
-    def forward_train(self, emb, kv, offsets) -> torch.Tensor:
+    def forward_train(self, emb, kv, offsets, final=None) -> torch.Tensor:
         """Teacher-forced pass over B chunks: emb [B, T, D] target embeddings of the tokens, kv [B, T, L, E] their
-        target K/V, offsets [B, T] long >= 1 (row i sees LSA of positions <= i - offsets[i]) -> [B, T, hidden]."""
+        target K/V, offsets [B, T] long >= 1 (row i sees LSA of positions <= i - offsets[i]), final [B, T, D] the
+        target's final-normed hidden states (the anchor's input) -> [B, T, hidden]."""
         B, T = emb.shape[:2]
         pos = torch.arange(T, device=emb.device).expand(B, T)
         x, q, k, v = self.sa_kv(emb, pos)
@@ -182,7 +200,12 @@ class MoADrafter(nn.Module):
         ck, cv = self.ca_keys(self.lsa_features(kv), pos)
         j = torch.arange(T, device=emb.device)
         mask = j[None, None, :] <= (j[None, :, None] - offsets[:, :, None])   # [B, T, T]
-        return self.finish(x, sa.transpose(1, 2).reshape(B, T, -1), ck, cv, mask, pos)
+        anchor = None
+        if self.cfg.anchor:
+            last = j[None, :] - offsets                                          # [B, T]: the last verified position
+            f = final.gather(1, last.clamp_min(0)[..., None].expand(-1, -1, final.shape[-1]))
+            anchor = self.anchor(f * (last >= 0)[..., None], offsets)           # nothing verified yet: no feature
+        return self.finish(x, sa.transpose(1, 2).reshape(B, T, -1), ck, cv, mask, pos, anchor)
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

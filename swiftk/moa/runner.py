@@ -10,16 +10,22 @@ so a round costs LSA for the newly verified tokens plus one small drafter step p
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
-from ..proposers.draft_loop import draft_chain
 from ..errors import SwiftkError
+from ..proposers.draft_loop import draft_chain
+from ..runtime.ops import native as native_lib
+from ..runtime.ops.cpu_moa import MoAStep
 from .model import MoADrafter
 
 
 class MoARunner:
-    def __init__(self, drafter: MoADrafter, model, max_slots: int):
+    def __init__(self, drafter: MoADrafter, model, max_slots: int, native: Optional[bool] = None):
+        """``native``: a draft step in the kernel library (kernels/cpu/cpu_moa.cpp) rather than torch op by op;
+        None: where the model runs on the CPU and the library is loaded."""
         c = drafter.cfg
         c.validate(model.cfg)
         self.drafter, self.model = drafter, model
@@ -30,10 +36,16 @@ class MoARunner:
         self.step_s = None   # seconds of one drafter step (an EMA the MoA method keeps)
         self.info: dict = {}
         self.max_slots = max_slots
+        if native is None:
+            native = model.device.type == "cpu" and native_lib.library() is not None
+        d = drafter
+        self.native = MoAStep([d.tok_in.weight, d.sa_norm, d.sa_qkv.weight, d.sa_out.weight, d.ca_norm, d.ca_q.weight,
+                               d.ca_sink, d.ca_out.weight, d.mlp_norm, d.w_gate_up.weight, d.w_down.weight,
+                               d.out_norm, d.out.weight, d.inv_freq], c.hidden, c.d, c.heads, c.mlp) if native else None
 
     def twin(self) -> "MoARunner":
         """A runner of its own state on the same drafter: one per batch slot, as each slot's calls decode apart."""
-        other = MoARunner(self.drafter, self.model, self.max_slots)
+        other = MoARunner(self.drafter, self.model, self.max_slots, self.native is not None)
         other.info = self.info
         return other
 
@@ -63,40 +75,46 @@ class MoARunner:
         self.n = m
 
     @torch.inference_mode()
-    def step(self, token: int, p: int) -> torch.Tensor:
+    def step(self, token: int, p: int, final=None) -> torch.Tensor:
         """One drafter step for ``token`` at position p >= n (its SA K/V go to scratch position p) -> the predicted
-        activation entering target layer L - TLI, [1, hidden]."""
+        activation entering target layer L - TLI, [1, hidden]. ``final``: the target's final-normed hidden state
+        [1, hidden] at position n - 1 (the anchor; needed where the drafter has one)."""
         d, dev, n = self.drafter, self.model.device, self.n
         pos = torch.tensor([p], device=dev)
         emb = self.model.embed_rows(torch.tensor([token], device=dev)).float()
+        anchor = d.anchor(final.float(), pos - (n - 1)) if d.cfg.anchor else None
+        if self.native is not None:
+            return self.native(emb, p, n, self.sa_k, self.sa_v, self.ca_k, self.ca_v, anchor).to(self.model.dtype)
         x, q, k, v = d.sa_kv(emb, pos)
         self.sa_k[p], self.sa_v[p] = k[0], v[0]
         sa = F.scaled_dot_product_attention(q.transpose(0, 1), self.sa_k[: p + 1].transpose(0, 1),
                                             self.sa_v[: p + 1].transpose(0, 1))   # prefix + chain: all visible
         mask = torch.ones(1, n, dtype=torch.bool, device=dev)
-        return d.finish(x, sa.transpose(0, 1).reshape(1, -1), self.ca_k[:n], self.ca_v[:n], mask, pos).to(
+        return d.finish(x, sa.transpose(0, 1).reshape(1, -1), self.ca_k[:n], self.ca_v[:n], mask, pos, anchor).to(
             self.model.dtype)
 
 
 def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int, sampler, gate, calibrate,
-              step_s: float, *, max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False) -> list:
+              step_s: float, *, max_draft: int, max_spine: int, topk_bins, head=None, rejection: bool = False,
+              final=None) -> list:
     """Like draft_loop.draft, with the MoA drafter: one DraftLevel per drafted depth. With TLI = N the target's last
     N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
     them). ``head``: a proposers.draft_head.DraftHead; a greedy draft ranks its rows only (no vocabulary-long
-    vector a step), a sampled one scores the rest -inf, as the target's noise is per vocabulary id."""
+    vector a step), a sampled one scores the rest -inf, as the target's noise is per vocabulary id. ``final``: the
+    anchor's input (MoARunner.step)."""
     threads = torch.get_num_threads()
     # a drafter step is ~100 tiny torch ops: a second OpenMP thread adds only its wake-up and spin (a 3-step chain
     # on 2 Zen 3 cores: 5.8 -> 4.1 ms a step); the target's passes get the threads back
     torch.set_num_threads(1)
     try:
         return _draft(model, cache, runner, committed, root_token, sampler, gate, calibrate, step_s, max_draft,
-                      max_spine, topk_bins, head, rejection)
+                      max_spine, topk_bins, head, rejection, final)
     finally:
         torch.set_num_threads(threads)
 
 
 def _draft(model, cache, runner, committed, root_token, sampler, gate, calibrate, step_s, max_draft, max_spine,
-           topk_bins, head, rejection) -> list:
+           topk_bins, head, rejection, final) -> list:
     runner.sync(cache, committed)
     n, L, dev = cache.length, model.cfg.n_layers, model.device
     pos = torch.empty(1, dtype=torch.long, device=dev)
@@ -106,7 +124,7 @@ def _draft(model, cache, runner, committed, root_token, sampler, gate, calibrate
 
     def step(token: int, j: int) -> tuple:
         p = n + j
-        h = runner.step(token, p)
+        h = runner.step(token, p, final)
         if runner.tli:
             pos.fill_(p)
             return model.forward_from(L - runner.tli, h, pos, pos, cache, head=head)[0], None

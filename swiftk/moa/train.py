@@ -107,8 +107,8 @@ def _loss(drafter, frozen: Frozen, batch: dict, offsets, reg_weight: float, head
     tli = drafter.cfg.tli
     emb = frozen.embed(batch["tokens"])
     kv = batch["kv"].float()
-    pred = drafter.forward_train(emb, kv, offsets)
     target_x = batch["final"].float()
+    pred = drafter.forward_train(emb, kv, offsets, target_x)
     if tli == 0:
         xhat = rms(pred, frozen.norm, frozen.cfg.rms_eps)
         reg = F.smooth_l1_loss(xhat, target_x)
@@ -149,6 +149,29 @@ def evaluate(drafter, frozen: Frozen, feats: list, head_ids: torch.Tensor, max_d
         surv *= a
         m += surv
     return {"acceptance_by_depth": [round(a, 4) for a in acc], "mean_accepted_length": round(m, 3)}
+
+
+def draw_offsets(probs: torch.Tensor, shape, seed: int, step: int) -> torch.Tensor:
+    """Each row's offset k >= 1 for step ``step`` (seeded by it: a resumed run draws what it would have)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.multinomial(probs, math.prod(shape), replacement=True, generator=g).view(shape) + 1
+
+
+def schedule(lr: float, step: int, steps: int) -> float:
+    """Warm-up over 50 steps, then cosine to zero at ``steps``."""
+    return lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
+
+
+def train_step(drafter, opt, frozen: Frozen, b: dict, offsets, lr: float, reg_weight: float) -> tuple:
+    """One optimizer step on the features ``b`` -> (kl, reg) as tensors."""
+    for grp in opt.param_groups:
+        grp["lr"] = lr
+    loss, kl, reg, _, _ = _loss(drafter, frozen, b, offsets, reg_weight, frozen.head)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+    opt.step()
+    return kl, reg
 
 
 def _ckpt_tensors(drafter, opt) -> dict:
@@ -264,16 +287,8 @@ def _train(target: Target, corpus, out, steps, batch, chunk, lr, reg_weight, voc
             t = time.perf_counter()
             b = batch_features(target.model, train_rows[_batches(len(train_rows), batch, seed, step // reuse)], cfg.tli)
             t_target += time.perf_counter() - t
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        offsets = torch.multinomial(probs, b["tokens"].numel(), replacement=True, generator=g).view(
-            b["tokens"].shape) + 1
-        for grp in opt.param_groups:   # warm-up, then cosine
-            grp["lr"] = lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        loss, kl, reg, _, _ = _loss(drafter, frozen, b, offsets, reg_weight, frozen.head)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        offsets = draw_offsets(probs, b["tokens"].shape, seed, step)
+        kl, reg = train_step(drafter, opt, frozen, b, offsets, schedule(lr, step, steps), reg_weight)
         step += 1
         if bar is not None:
             bar.update(1)

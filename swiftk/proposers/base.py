@@ -1,4 +1,5 @@
-"""What every draft source shares: the chain it proposes, the acceptance estimates it learns, the protocol.
+"""What every draft source shares: the chain it proposes, the acceptance estimates it learns, the protocols the
+round calls them through (:class:`Proposer` for free sources, :class:`Drafter` for model drafters).
 
 A *free* source (no model pass: context n-grams, the session's earlier outputs, a corpus, a user object) implements
 
@@ -16,12 +17,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union
 
 from ..errors import SwiftkError
 
 if TYPE_CHECKING:   # annotations only: the protocol and its tables need no torch at import
     import torch
+
+    from ..runtime.kvcache import KVCache
+    from ..runtime.model import Model
 
 
 def k_for_confidence(p: float, bins) -> int:
@@ -72,11 +76,11 @@ class DraftContext:
     sequence so far (read only; the last token is the pending root), the sampler and the gate, the round's limits,
     and for the skip-set search how far the call has come."""
 
-    model: object
-    cache: object
+    model: "Model"
+    cache: "KVCache"
     tokens: list
-    sampler: object
-    gate: object
+    sampler: "DraftSampler"
+    gate: "DraftGate"
     max_draft: int      # draft steps at most
     max_spine: int      # nodes the tree may still take after its root
     bins: tuple         # candidates per depth by the draft's top-1 probability
@@ -87,6 +91,75 @@ class DraftContext:
     #                     step each (a plain round: its timed step) less all its time, search and host work
     #                     included; what a search step may spend without making the call slower than plain decoding
     chains: list = field(default_factory=list)   # the round's free chains, proposed before the model draft
+
+
+class DraftSampler(Protocol):
+    """What a draft reads of the call's sampler (decoding.sampler.Sampler): greedy or not, its settings, and the
+    coupled rule's noise, so a draft ranks tokens as the target will choose them."""
+
+    sp: object            # SamplingParams: .probs(logits) is the processed distribution both sides use
+    generator: "torch.Generator"
+    greedy: bool
+
+    def noise(self, position: int, V: int) -> "torch.Tensor": ...
+
+
+class DraftGate(Protocol):
+    """What a drafter asks the call's gate (decoding.gate.Gate): whether to draft this round, one more step."""
+
+    auto: bool
+
+    def should_draft(self) -> bool: ...
+
+    def keep_drafting(self, depth: int, conf: float, a: float, surv: float, tokens: float, step_s: float) -> bool: ...
+
+    def model_draft_pays(self, chains: list) -> bool: ...
+
+
+class Proposer(Protocol):
+    """A draft source that costs no model pass (:class:`FreeSource`, a user's object behind UserProposer). The
+    round asks it for chains, tells it which of its nodes were accepted (``observe``), and, where ``learns``, gives
+    it the target's scores after each committed token."""
+
+    name: str
+    learns: bool
+
+    def propose(self, ctx: Context) -> Union[Chain, list, None]: ...
+
+    def observe(self, key: int, hit: bool) -> None: ...
+
+    def learn(self, tokens: list, logits, rows: list) -> None: ...
+
+
+class Drafter(Protocol):
+    """A model drafter (layer skip, a draft model, MoA; proposers.draft_loop.ModelDrafter holds what they share).
+    Each round: ``resting`` (skip it), ``optimize`` (a search step), ``propose`` (DraftLevels, one per depth), and
+    after the pass ``observe`` per drafted node and ``observe_cost`` per draft step; ``calibrate`` maps its
+    probabilities to acceptance chances; ``finish`` adds its statistics to the call's. ``boundary``: a KVQ exit
+    layer (the verify pass starts its spine there), else None. Where ``reads_final``, each pass's row that chose the
+    next root token hands its final residual [1, D] to ``take_final`` (None after a pass that kept none)."""
+
+    name: str
+    boundary: Optional[int]
+    reads_final: bool   # it drafts from the target's final hidden state of the row that chose the root token
+
+    def resting(self, gate: DraftGate, device) -> bool: ...
+
+    def take_final(self, h) -> None: ...
+
+    def optimize(self, dc: DraftContext) -> tuple: ...
+
+    def propose(self, dc: DraftContext) -> list: ...
+
+    def calibrate(self, p: float) -> float: ...
+
+    def observe(self, p: float, hit: bool) -> None: ...
+
+    def step_cost(self) -> float: ...
+
+    def observe_cost(self, seconds_per_step: float) -> None: ...
+
+    def finish(self, stats) -> None: ...
 
 
 class Estimates:

@@ -24,7 +24,7 @@ class ModelDrafter:
     and the draft head, topped up with the committed tokens. Subclasses implement ``propose``, ``step_cost``,
     ``observe_cost``, and where they have them ``optimize`` (a search step) and ``finish`` (stats)."""
 
-    name, boundary = "draft", None
+    name, boundary, reads_final = "draft", None, False
 
     def __init__(self, state, head):
         self.state, self.head, self.head_seen = state, head, 0
@@ -37,6 +37,9 @@ class ModelDrafter:
     def resting(self, gate, device) -> bool:
         """Whether this round would neither search nor draft (the loop then skips the drafter altogether)."""
         return False
+
+    def take_final(self, h) -> None:
+        """The final residual of the row that chose the next root token (only where ``reads_final``)."""
 
     def calibrate(self, p: float) -> float:
         return self.state.calibration.prob(calibration_bin(p))

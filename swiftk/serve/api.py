@@ -233,7 +233,7 @@ def usage(results: list, n: int = 1) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(int(r.stats.prompt_reused) for r in firsts)}}
 
 
-def stats(result, queue_s: float) -> dict:
+def stats(result) -> dict:
     """swiftk's own numbers for one response (the ``swiftk`` extension field)."""
     s = result.stats
     return {"method": s.method, "tokens_per_s": round(s.tokens_per_s, 3) if s.new_tokens else 0.0,
@@ -241,10 +241,10 @@ def stats(result, queue_s: float) -> dict:
             "acceptance_rate": round(s.acceptance_rate, 4), "decoding_steps": s.decoding_steps,
             "prompt_reused": s.prompt_reused, "shared_passes": s.shared_passes,
             "accepted_by_source": dict(s.accepted_by_source), "wall_time_s": round(s.wall_time_s, 4),
-            "queue_time_s": round(queue_s, 4)}
+            "queue_time_s": round(s.queue_time_s, 4)}
 
 
-def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: int = 1, tok=None,
+def response(chat: bool, rid: str, model: str, results: list, n: int = 1, tok=None,
              calls: Optional[list] = None) -> dict:
     """A whole (non-streamed) response: one choice per result, in order (prompt i's choice j is index i * n + j);
     ``calls``: per result, its (content, tool calls) when tools are in play. ``swiftk`` holds the first choice's
@@ -261,9 +261,9 @@ def response(chat: bool, rid: str, model: str, results: list, queue_s: list, n: 
             choice["text"] = result.text
         choices.append(choice)
     out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-           "model": model, "choices": choices, "usage": usage(results, n), "swiftk": stats(results[0], queue_s[0])}
+           "model": model, "choices": choices, "usage": usage(results, n), "swiftk": stats(results[0])}
     if len(results) > 1:
-        out["swiftk_choices"] = [stats(r, q) for r, q in zip(results, queue_s)]
+        out["swiftk_choices"] = [stats(r) for r in results]
     return out
 
 

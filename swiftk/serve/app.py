@@ -26,11 +26,10 @@ from .. import methods
 from ..options import split_options, updated
 from ..errors import SwiftkError
 from ..decoding.output import check_lengths
-from ..decoding.sampler import SamplingParams
-from ..requests import check_max_batch
+from ..requests import Request as EngineRequest, check_max_batch
 from . import api
 from .api import APIError, Cancelled, as_api_error
-from .decode import DecodeThread, Job
+from .decode import DecodeThread
 from .stream import DONE, events, finished, streamer
 from .tools import Tools, calling, parse_tools, split_calls
 
@@ -144,7 +143,7 @@ class Server:
             req = api.parse(api.ChatRequest if chat else api.CompletionRequest, await _read_json(request))
             n = req.n or 1
             tools, grammar = self._constraints(req, chat)
-            jobs = [self._job(req, chat, key, ids, j, grammar) for ids in self._prompts(req, chat, tools)
+            reqs = [self._request(req, chat, key, ids, j, grammar) for ids in self._prompts(req, chat, tools)
                     for j in range(n)]
             rid = api.new_id("chatcmpl" if chat else "cmpl")
             if req.stream:
@@ -156,25 +155,23 @@ class Server:
                     except RuntimeError:   # the loop is closed: the server is gone
                         pass
 
-                reqs = [self._request(job) for job in jobs]
                 for i, r in enumerate(reqs):
                     r.callback = streamer(put, i, r.logprobs)
-                futs = self.decoder.submit_many(list(zip(reqs, jobs)))
+                futs = self.decoder.submit_many(reqs)
                 for i, fut in enumerate(futs):
                     fut.add_done_callback(lambda f, i=i: put((i, DONE, None)))
                 usage = bool(req.stream_options and req.stream_options.include_usage)
-                stream = events(self.model_name, self.engine.tokenizer, jobs, rid, chat, futs, q, usage, n, tools)
+                stream = events(self.model_name, self.engine.tokenizer, reqs, rid, chat, futs, q, usage, n, tools)
                 return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            futs = [asyncio.wrap_future(f) for f in self.decoder.submit_many(
-                [(self._request(job), job) for job in jobs])]
+            futs = [asyncio.wrap_future(f) for f in self.decoder.submit_many(reqs)]
             while not all(f.done() for f in futs):
                 await asyncio.wait(futs, timeout=0.2, return_when=asyncio.ALL_COMPLETED)
                 if not all(f.done() for f in futs) and await request.is_disconnected():
-                    for job in jobs:   # the client is gone: free the engine at the next token
-                        job.cancel.set()
+                    for r in reqs:   # the client is gone: free the engine at the next token
+                        r.cancel.set()
             results = [finished(f.result()) for f in futs]
             calls = [split_calls(r.text, tools.names) for r in results] if calling(tools) else None
-            return JSONResponse(api.response(chat, rid, self.model_name, results, [j.queue_s for j in jobs], n,
+            return JSONResponse(api.response(chat, rid, self.model_name, results, n,
                                              self.engine.tokenizer, calls))
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
             return _error_response(as_api_error(e))
@@ -199,9 +196,11 @@ class Server:
                            "instead: send one or the other (or tool_choice: none)", param="response_format")
         return tools, grammar if grammar is not None or tools is None else tools.grammar()
 
-    def _job(self, req, chat: bool, key: Optional[str], ids: list, choice: int, grammar) -> Job:
-        """Everything checked before the request queues, so a bad one never waits for the engine. ``choice``: which
-        of the prompt's ``n`` choices (a seed gives choice j the seed + j: n equal draws would be one)."""
+    def _request(self, req, chat: bool, key: Optional[str], ids: list, choice: int, grammar) -> EngineRequest:
+        """The engine's Request for one choice of an HTTP request: OpenAI's defaults and errors (with the parameter
+        they name) first, then the engine's own checks; all before it queues, so a bad one never waits for the
+        engine. ``choice``: which of the prompt's ``n`` choices (a seed gives choice j the seed + j: n equal draws
+        would be one)."""
         room = self.engine.max_context - len(ids)
         limit = getattr(req, "max_completion_tokens", None)
         param = "max_completion_tokens" if limit is not None else "max_tokens"
@@ -221,16 +220,17 @@ class Server:
         t = 1.0 if req.temperature is None else req.temperature
         if not 0.0 <= t <= 2.0:
             raise APIError(400, f"temperature must be in [0, 2], got {t}", param="temperature")
-        sampling = dict(temperature=t, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-                        seed=None if req.seed is None else req.seed + choice)
-        try:
-            SamplingParams(**sampling).validate()
-        except SwiftkError as e:
-            raise APIError(400, str(e)) from None
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
-        return Job(ids, limit, sampling, stop, self.states.get(key), api.logprobs_asked(req), grammar)
+        try:   # what only the engine knows to refuse (top_p's range, a method's options) is a 400 too
+            return self.engine.request(ids, max_new_tokens=limit, method=self.method, stop=stop,
+                                       state=self.states.get(key), logprobs=api.logprobs_asked(req), grammar=grammar,
+                                       temperature=t, top_p=1.0 if req.top_p is None else req.top_p,
+                                       top_k=req.top_k or 0, seed=None if req.seed is None else req.seed + choice,
+                                       **self.options)
+        except SwiftkError as e:
+            raise APIError(400, str(e)) from None
 
     def _prompts(self, req, chat: bool, tools: Optional[Tools] = None) -> list:
         """The request's prompts as token ids: a chat's one, or a completion's (a string, token ids, or a list of
@@ -259,12 +259,6 @@ class Server:
         except Exception as e:  # noqa: BLE001 - a template may raise anything on odd message orders
             raise APIError(400, f"{'messages' if chat else 'prompt'}: {e}",
                            param="messages" if chat else "prompt") from None
-
-    def _request(self, job: Job, callback=None):
-        """The job as the engine's checked Request (raises SwiftkError on what the engine refuses)."""
-        return self.engine.request(job.ids, max_new_tokens=job.max_new, method=self.method, stop=job.stop,
-                                   callback=callback, state=job.state, _cancel=job.cancel, logprobs=job.logprobs,
-                                   grammar=job.grammar, **job.sampling, **self.options)
 
 
 def check_origins(origins: Sequence[str]) -> list:

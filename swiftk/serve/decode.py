@@ -7,27 +7,11 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Optional
-
+from ..requests import Request
 from ..scheduler import Scheduler
 from .api import APIError, Cancelled
 
 log = logging.getLogger("swiftk.serve")
-
-
-@dataclass
-class Job:
-    ids: list
-    max_new: int
-    sampling: dict
-    stop: list
-    state: object = None
-    logprobs: Optional[int] = None   # alternatives per token, when the request asks for logprobs
-    grammar: object = None           # a swiftk.Grammar the output must match (response_format)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    t_submit: float = field(default_factory=time.perf_counter)
-    queue_s: float = 0.0
 
 
 class DecodeThread:
@@ -36,9 +20,9 @@ class DecodeThread:
 
     def __init__(self, engine, max_batch: int, queue_size: int):
         self.engine, self.max_batch, self.queue_size = engine, max_batch, queue_size
-        engine.reserve_slots(max_batch, f"--max-batch {max_batch}")   # refused here, not by the allocator
+        engine.slots.reserve(max_batch, f"--max-batch {max_batch}")   # refused here, not by the allocator
         for i in range(max_batch):   # every slot's KV cache now: a server's memory is set at start, never mid-request
-            engine.slot(i)
+            engine.slots.get(i)
         self.sched = Scheduler(engine, max_batch)
         self._lock = threading.Lock()
         self._live: set = set()   # cancel events of the waiting and running jobs
@@ -56,41 +40,38 @@ class DecodeThread:
     def running(self) -> int:
         return self.sched.running
 
-    def submit(self, req, job: Job) -> Future:
+    def submit(self, req: Request) -> Future:
         """Queue an engine Request (Engine.request); the future gets its GenerationResult or its error."""
-        return self.submit_many([(req, job)])[0]
+        return self.submit_many([req])[0]
 
-    def submit_many(self, pairs: list) -> list:
-        """Queue (Request, Job) pairs together, all or none (one request's choices): their futures, in order."""
+    def submit_many(self, reqs: list) -> list:
+        """Queue Requests together, all or none (one request's choices): their futures, in order."""
         with self._lock:
             if self.closing:
                 raise APIError(503, "the server is shutting down")
             waiting, running = self.sched.load()   # free slots take waiting requests first, the queue the rest
-            if waiting + len(pairs) > self.queue_size + max(0, self.max_batch - running):
-                retry = max(1, math.ceil(self._job_s * (waiting + len(pairs)) / self.max_batch))
-                what = f"{len(pairs)} more requests" if len(pairs) > 1 else "another request"
+            if waiting + len(reqs) > self.queue_size + max(0, self.max_batch - running):
+                retry = max(1, math.ceil(self._job_s * (waiting + len(reqs)) / self.max_batch))
+                what = f"{len(reqs)} more requests" if len(reqs) > 1 else "another request"
                 raise APIError(429, f"no room for {what}: all {self.max_batch} decoding slots are busy or taken "
                                f"and {waiting} requests are waiting (queue size {self.queue_size}); retry in "
                                f"{retry} s", code="queue_full", headers={"Retry-After": str(retry)})
-            for _, job in pairs:
-                self._live.add(job.cancel)
+            for req in reqs:
+                self._live.add(req.cancel)
         futs = []
-        for req, job in pairs:
+        for req in reqs:
             fut: Future = Future()
-            self.sched.submit(req, self._done(job, fut))
+            self.sched.submit(req, self._done(req, fut))
             futs.append(fut)
         return futs
 
-    def _done(self, job: Job, fut: Future):
+    def _done(self, req: Request, fut: Future):
         def done(result, error):
             with self._lock:
-                self._live.discard(job.cancel)
+                self._live.discard(req.cancel)
                 self.served += 1
-                self.cancelled += job.cancel.is_set()
-                took = time.perf_counter() - job.t_submit
-                self._job_s = 0.8 * self._job_s + 0.2 * took
-                if result is not None:
-                    job.queue_s = max(0.0, took - result.stats.wall_time_s)
+                self.cancelled += req.cancel.is_set()
+                self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - req.arrival)
             if error is not None:
                 fut.set_exception(error)
             else:

@@ -13,16 +13,16 @@ from .tools import Holdback, Tools, calling
 DONE = object()   # a choice's end, queued after its last piece
 
 
-async def events(name: str, tok, jobs: list, rid: str, chat: bool, futs: list, q: asyncio.Queue,
+async def events(name: str, tok, reqs: list, rid: str, chat: bool, futs: list, q: asyncio.Queue,
                  include_usage: bool, n: int, tools: Optional[Tools]):
     """The choices' chunks as their pieces come (each chunk names its choice), a finish chunk per choice as it
     ends, then usage (when asked) and [DONE]. With tools, a choice's tool calls come whole before its finish."""
-    results, left = [None] * len(jobs), len(jobs)
-    sent = [[0, 0] for _ in jobs]   # per choice: logprob entries sent, characters sent (completions' offsets)
-    held = [Holdback() for _ in jobs] if calling(tools) else None
+    results, left = [None] * len(reqs), len(reqs)
+    sent = [[0, 0] for _ in reqs]   # per choice: logprob entries sent, characters sent (completions' offsets)
+    held = [Holdback() for _ in reqs] if calling(tools) else None
     try:
         if chat:
-            for i in range(len(jobs)):
+            for i in range(len(reqs)):
                 yield sse(api.chunk(True, rid, name, role=True, index=i))
         while left:
             i, item, entries = await q.get()
@@ -48,14 +48,14 @@ async def events(name: str, tok, jobs: list, rid: str, chat: bool, futs: list, q
             yield sse(api.chunk(chat, rid, name, text=None if chat else "", index=i,
                                  finish="tool_calls" if calls else api.FINISH[results[i].finish_reason],
                                  lp=api.logprobs(chat, tok, rest, sent[i][1]) if rest else None,
-                                 extra={"swiftk": api.stats(results[i], jobs[i].queue_s)}))
+                                 extra={"swiftk": api.stats(results[i])}))
         # usage once, in OpenAI's last chunk (choices: []), and only when asked
         if include_usage:
             yield sse(api.chunk(chat, rid, name, choices=False, extra={"usage": api.usage(results, n)}))
         yield "data: [DONE]\n\n"
     finally:
-        for job in jobs:
-            job.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
+        for req in reqs:
+            req.cancel.set()   # normal end: no-op; client gone: decoding stops at its next token
 
 
 def streamer(put, i: int, lp):

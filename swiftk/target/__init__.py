@@ -1,8 +1,9 @@
 """The target: the numerical model every draft is checked against, and what is known of it on this machine.
 
 One :class:`Target` per engine, made at load. Methods, draft sources and drafters take it (never the engine): the
-model and its tokenizer, the context the engine holds, the measured cost model, and the objects built once for it
-(draft heads, the draft model, the corpus tables, a trained drafter) in its resource table. It sits below
+model and its tokenizer (and the prompts it encodes, checked against the context), the context the engine holds,
+the measured cost model, and the objects built once for it (draft heads, the draft model, the corpus tables, a
+trained drafter) in its resource table. It sits below
 ``proposers/`` so that every layer that drafts can name its type.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, Hashable, Optional
 
 import torch
 
+from ..errors import SwiftkError
 from ..loading.tokenizer import Tokenizer
 from ..runtime.config import ModelConfig
 from ..runtime.model import Model
@@ -56,3 +58,49 @@ class Target:
     def set_resource(self, key: Hashable, value: Any) -> None:
         with self._lock:
             self._resources[key] = value
+
+    # ------------------------------------------------------------------ prompts
+    def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
+        """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
+        the model ``tools`` (OpenAI's tool specs) when given. Checked here: ids in the vocabulary, a text not
+        longer than any tokenization of the context could be."""
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise SwiftkError(f"token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})")
+            return ids
+        if chat:
+            msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            if not self.tokenizer.chat_template:
+                raise SwiftkError("chat=True but this model has no chat template")
+            text = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                      **({"tools": tools} if tools else {}))
+            self.check_prompt_bytes(text)
+            ids = self.tokenizer.encode(text, add_bos=False)
+        else:
+            if not isinstance(prompt, str):
+                raise SwiftkError(f"prompt must be a string, a list of token ids or (chat=True) messages, "
+                                  f"got {type(prompt).__name__}")
+            self.check_prompt_bytes(prompt)
+            ids = self.tokenizer.encode(prompt)
+        if not prompt or not ids:
+            raise SwiftkError("prompt is empty")
+        return ids
+
+    @property
+    def prompt_char_limit(self) -> int:
+        """No text over this many characters fits the context, whatever it says (each token covers at most the
+        vocabulary's longest entry; a character is at least a byte)."""
+        return self.max_context * self.tokenizer.max_token_bytes
+
+    def check_prompt_bytes(self, text: str) -> None:
+        """Refuse, before tokenizing it, a text too long for the context in any tokenization: a huge input costs
+        ~250 MB of tokenizer memory per MB."""
+        if len(text) > self.prompt_char_limit:
+            n = len(text.encode("utf-8", "surrogatepass"))
+            least = -(-n // self.tokenizer.max_token_bytes)
+            raise SwiftkError(f"the prompt is {n} bytes: at least {least} tokens (no token of this vocabulary "
+                              f"covers more than {self.tokenizer.max_token_bytes} bytes), over the context "
+                              f"({self.max_context} tokens)")

@@ -50,7 +50,7 @@ FLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-std=c++17", "-pipe"]
 # the translation units (setup.py / CMakeLists.txt build the same), then the files they include (part of the key)
 SOURCES = ("cpu_decode.cpp", "cpu_linear.cpp", "cpu_topk.cpp", "cpu_ngram.cpp", "cpu_kv.cpp", "cpu_quant.cpp", "cpu_qdot.cpp",
            "cpu_qdot_q4.cpp", "cpu_qdot_q58.cpp", "cpu_qdot_q4k.cpp", "cpu_qdot_q5k.cpp", "cpu_qdot_q6k.cpp",
-           "cpu_pool.cpp")
+           "cpu_pool.cpp", "cpu_moa.cpp")
 INCLUDES = ("cpu_gguf.h", "cpu_simd.h", "cpu_pool.h", "cpu_qdot.h")
 STEM = "swiftk_cpu"
 INSTALLED = Path(__file__).resolve().parents[2] / "_native"   # swiftk/_native/
