@@ -9,6 +9,7 @@ from swiftk.errors import SwiftkError
 from swiftk.moa.model import MoAConfig, MoADrafter, load, save
 from swiftk.moa.runner import MoARunner
 from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
+from swiftk.runtime.ops import native as native_lib
 
 transformers = pytest.importorskip("transformers")
 
@@ -59,6 +60,8 @@ def test_runner_equals_training_forward(eng, anchor, native):
     to the kernel library) computes what the teacher-forced training pass computes for the same tokens and
     offset; with the anchor, from the final hidden state of the last verified position, as the pass hands it
     over."""
+    if native and native_lib.library() is None:
+        pytest.skip("the CPU kernel library is not built")
     d = _random_drafter(eng, anchor=anchor)
     m, cache = eng.model, eng.model.new_cache(64)
     ids = eng.encode_prompt(_prompt(16))
@@ -373,9 +376,14 @@ def test_native_step_refuses_what_it_cannot_read(eng):
     """Out-of-range positions and a wrong weight list are SwiftkErrors, not reads past a buffer."""
     from swiftk.runtime.ops.cpu_moa import MoAStep
 
+    if native_lib.library() is None:
+        pytest.skip("the CPU kernel library is not built")
     r = MoARunner(_random_drafter(eng), eng.model, 8, native=True)
     emb = eng.model.embed_rows(torch.tensor([3])).float()
     with pytest.raises(SwiftkError, match="state tensors"):
         r.native(emb, 8, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)    # row 8 of an 8-row state
+    with pytest.raises(SwiftkError, match="emb must be a CPU tensor of"):
+        r.native(emb[:, :-1], 1, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)
+    assert r.twin().native is r.native   # one weight copy for every batch slot's runner
     with pytest.raises(SwiftkError, match="13 weight tensors"):
         MoAStep(r.native.weights[:13], eng.config.hidden_size, 32, 2, 64)

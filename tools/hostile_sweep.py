@@ -1096,7 +1096,7 @@ def batch_cases() -> list:
         "res = ('silently wrong', 'a re-entering proposer went unnoticed')")
     add("memory:six-prompts-max_batch=64", "import resource\ne = swiftk.load(M, persist=False)\n"
         "outs = e.generate_many([PROMPT] * 6, max_new_tokens=8, max_batch=64)\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\nroom = 6 * e.slot_bytes + (2 << 30)\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\nroom = 6 * e.slots.slot_bytes + (2 << 30)\n"
         "res = ('correct', f'peak {peak >> 20} MiB') if peak < room else ('silently wrong', f'peak {peak >> 20} MiB for 6 prompts')")
     for nm, cap in {"8GiB": 8 << 30, "4GiB": 4 << 30}.items():
         add(f"memory:max_batch=64-under-{nm}-cap", f"import resource\ne = swiftk.load(M, persist=False)\n"

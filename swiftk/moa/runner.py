@@ -45,7 +45,8 @@ class MoARunner:
 
     def twin(self) -> "MoARunner":
         """A runner of its own state on the same drafter: one per batch slot, as each slot's calls decode apart."""
-        other = MoARunner(self.drafter, self.model, self.max_slots, self.native is not None)
+        other = MoARunner(self.drafter, self.model, self.max_slots, native=False)
+        other.native = self.native   # the kernel's weight copy is read-only: every slot's runner shares it
         other.info = self.info
         return other
 

@@ -34,9 +34,14 @@ class MoAStep:
         writes row ``p`` of ``sa_k``/``sa_v`` [S, heads, hd] (contiguous float32, like ``ca_k``/``ca_v``) and
         returns the predicted activation [1, hidden]."""
         for t in (sa_k, sa_v, ca_k, ca_v):
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] <= max(p, n - 1) or \
-                    t[0].numel() != self.d:
-                raise SwiftkError(f"MoA step: state tensors must be contiguous float32 [> {max(p, n - 1)}, {self.d}]")
+            if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or \
+                    t.shape[0] <= max(p, n - 1) or t[0].numel() != self.d:
+                raise SwiftkError(f"MoA step: state tensors must be contiguous float32 CPU tensors "
+                                  f"[> {max(p, n - 1)}, {self.d}]")
+        for t, size, what in ((emb, self.hidden, "emb"), (anchor, self.d, "anchor")):
+            if t is not None and (t.device.type != "cpu" or t.numel() != size):
+                raise SwiftkError(f"MoA step: {what} must be a CPU tensor of {size} values, got {tuple(t.shape)} "
+                                  f"on {t.device}")
         e = emb.to(torch.float32).contiguous()
         a = None if anchor is None else anchor.to(torch.float32).contiguous()
         out = torch.empty(1, self.hidden, dtype=torch.float32)
