@@ -74,13 +74,18 @@ class Sampler:
         for p in [p for p in self._noise if p < below]:
             del self._noise[p]
 
+    def coupled(self, logp: torch.Tensor, position: int) -> torch.Tensor:
+        """The coupled rule's score of one row: log-probabilities [V] plus the Gumbel noise keyed by (seed,
+        position); its argmax is the token drawn at that position. The target's rows (``scores``) and a draft's
+        candidates (proposers/draft_loop.py) both rank by it, so a draft proposes what the target will choose."""
+        return logp + self.noise(position, logp.shape[-1])
+
     def scores(self, logits: torch.Tensor, positions) -> torch.Tensor:
         """[N, V] logits of the rows predicting ``positions`` -> scores whose row argmax is the choice."""
         if self.greedy:
             return logits
         logp = torch.log(self.sp.probs(logits))
-        V = logits.shape[-1]
-        return logp + torch.stack([self.noise(int(p), V) for p in positions])
+        return torch.stack([self.coupled(row, int(p)) for row, p in zip(logp, positions)])
 
     def pick(self, logits_row: torch.Tensor, position: int) -> int:
         return int(topk_rows(self.scores(logits_row[None], [position]), 1)[0, 0])   # torch.argmax's choice

@@ -95,13 +95,13 @@ class DraftContext:
 
 class DraftSampler(Protocol):
     """What a draft reads of the call's sampler (decoding.sampler.Sampler): greedy or not, its settings, and the
-    coupled rule's noise, so a draft ranks tokens as the target will choose them."""
+    coupled rule's score, so a draft ranks tokens as the target will choose them."""
 
     sp: object            # SamplingParams: .probs(logits) is the processed distribution both sides use
     generator: "torch.Generator"
     greedy: bool
 
-    def noise(self, position: int, V: int) -> "torch.Tensor": ...
+    def coupled(self, logp: "torch.Tensor", position: int) -> "torch.Tensor": ...
 
 
 class DraftGate(Protocol):

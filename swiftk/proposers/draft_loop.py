@@ -127,7 +127,7 @@ def draft_level(logits: torch.Tensor, sampler, pos: int, topk_bins, kmax: int, r
         toks = sample_without_replacement(q, k, sampler.generator).tolist()
         return DraftLevel(tokens=toks, probs=q[toks].tolist(), dist=q), conf
     # coupled sampling: the draft ranks tokens by the same Gumbel-perturbed score the target will use
-    sc = torch.log(q) + sampler.noise(pos, q.shape[-1])
+    sc = sampler.coupled(torch.log(q), pos)
     k = min(kmax, int((q > 0).sum()))
     top_s, top_i = torch.topk(sc, k)
     top_i = top_i.tolist()
