@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +116,7 @@ def main(argv=None) -> int:
     if a.reps < 1 or a.reps % 2 == 0 or a.n < 1:
         raise SystemExit("--reps must be odd and >= 1, --n >= 1")
     from bench.e2e import machine_info
-    from swiftk.atomic import write_atomic, write_json_atomic
+    from bench.report import write_result
 
     srcs = {"A": Path(a.a_src).resolve(), "B": Path(a.b_src).resolve()}
     items = prompts(a.n)
@@ -168,11 +167,8 @@ def main(argv=None) -> int:
     doc = {"args": vars(a), "machine": machine_info(torch.device("cpu"), torch.get_num_threads()),
            "summary": summary, "tok_s": {m: [{k: v["tok_s"] for k, v in x.items()} for x in reps]
                                           for m, reps in runs.items()}}
-    stem = Path(a.out) / f"checkout_ab_{time.strftime('%Y%m%d-%H%M%S')}"
-    write_json_atomic(Path(f"{stem}.json"), doc)
-    write_atomic(Path(f"{stem}.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"wrote {stem}.md")
+    write_result(a.out, "checkout_ab", "\n".join(lines) + "\n", doc)
     return 0 if all(v["outputs_equal"] for v in summary.values()) else 1
 
 

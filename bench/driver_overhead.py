@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 
 def bare(eng, req):
@@ -56,7 +55,7 @@ def main(argv=None) -> int:
     import swiftk
     from bench.checkout_ab import prompts
     from bench.e2e import machine_info
-    from swiftk.atomic import write_atomic, write_json_atomic
+    from bench.report import write_result
 
     items = prompts(a.n)
     kw = {"ar": {"method": "autoregressive"}, "default": {}}
@@ -94,11 +93,8 @@ def main(argv=None) -> int:
                          f"{', '.join(f'{x:.3f}' for x in each)} | {'yes' if same else 'NO'} |")
             print(lines[-1], flush=True)
     doc = {"args": vars(a), "machine": machine_info(torch.device("cpu"), torch.get_num_threads()), "summary": summary}
-    stem = Path(a.out) / f"driver_overhead_{time.strftime('%Y%m%d-%H%M%S')}"
-    write_json_atomic(Path(f"{stem}.json"), doc)
-    write_atomic(Path(f"{stem}.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"wrote {stem}.md")
+    write_result(a.out, "driver_overhead", "\n".join(lines) + "\n", doc)
     return 0 if all(v["outputs_equal"] for v in summary.values()) else 1
 
 

@@ -16,7 +16,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from bench.report import write_result
 
 # bounded, as real schemas are: a 135M model otherwise fills strings and numbers until the token limit
 S, B = {"type": "string", "maxLength": 48}, {"type": "boolean"}
@@ -121,16 +122,6 @@ def main(argv=None) -> int:
     print(md)
     write_result(a.out, f"structured_{a.model}", md, res)
     return 0
-
-
-def write_result(out_dir, name: str, md: str, res: dict) -> None:
-    """``<out_dir>/<name>_<date>.md`` and ``.json`` (also bench/structured_serve.py's)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{name}_{time.strftime('%Y%m%d-%H%M%S')}"
-    Path(f"{stem}.md").write_text(md)   # not with_suffix: model names hold dots
-    Path(f"{stem}.json").write_text(json.dumps(res, indent=1))
-    print(f"wrote {stem}.md / .json", file=sys.stderr)
 
 
 def _parses(text: str) -> bool:

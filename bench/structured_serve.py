@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     from bench.e2e import machine_info
     from bench.native_llamacpp import build_info, ensure
     from bench.serve_load import llama_server, swiftk_server
-    from bench.structured import CASES, _parses, write_result
+    from bench.report import write_result
+    from bench.structured import CASES, _parses
     from swiftk.loading.registry import resolve_model
 
     ensure()

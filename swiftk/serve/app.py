@@ -223,14 +223,13 @@ class Server:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
-        try:   # what only the engine knows to refuse (top_p's range, a method's options) is a 400 too
-            return self.engine.request(ids, max_new_tokens=limit, method=self.method, stop=stop,
-                                       state=self.states.get(key), logprobs=api.logprobs_asked(req), grammar=grammar,
-                                       temperature=t, top_p=1.0 if req.top_p is None else req.top_p,
-                                       top_k=req.top_k or 0, seed=None if req.seed is None else req.seed + choice,
-                                       **self.options)
-        except SwiftkError as e:
-            raise APIError(400, str(e)) from None
+        # what only the engine knows to refuse (top_p's range, a method's options) is a SwiftkError: a 400
+        # (api.as_api_error), raised before anything queues
+        return self.engine.request(ids, max_new_tokens=limit, method=self.method, stop=stop,
+                                   state=self.states.get(key), logprobs=api.logprobs_asked(req), grammar=grammar,
+                                   temperature=t, top_p=1.0 if req.top_p is None else req.top_p,
+                                   top_k=req.top_k or 0, seed=None if req.seed is None else req.seed + choice,
+                                   **self.options)
 
     def _prompts(self, req, chat: bool, tools: Optional[Tools] = None) -> list:
         """The request's prompts as token ids: a chat's one, or a completion's (a string, token ids, or a list of
