@@ -4,10 +4,10 @@ loops the engine ran before (issue 82), on the same engine and the same opened c
     python -m bench.driver_overhead --models smollm2-135m,qwen2.5-coder-0.5b --n 4 --reps 5
 
 Arms, alternated per prompt (the order rotates), on one engine per method: ``generate`` as users call it, and
-``bare``: the same request opened by ``Engine.open_call`` on slot 0, then for the reference method the plain loop
+``bare``: the same request opened by ``Calls.open_call`` on slot 0, then for the reference method the plain loop
 (``decoding.passes.autoregressive``: prefill, then one ``plain_step`` a token), for the default the Decoder's
 plan / run / finish in a while loop (the lone driver before the scheduler drove every call), closed by
-``Engine.close_call``. Both arms open the call the same way (for the reference method that builds a Session the
+``Calls.close_call``. Both arms open the call the same way (for the reference method that builds a Session the
 bare loop does not use, ~0.3 ms a call), so the ratio is the rounds' cost, not the call's setup. Tokens/s = generated tokens / wall time of the calls (prefill included); per model and
 method the true median over repetitions of generate ÷ bare and every repetition; every output must be equal.
 Writes ``driver_overhead_<date>.json`` / ``.md`` under ``--out``.
@@ -24,7 +24,7 @@ def bare(eng, req):
     from swiftk.decoding.passes import autoregressive
 
     with eng.hold():
-        call = eng.open_call(req, 0)
+        call = eng.calls.open_call(req, 0)
         try:
             if not req.method.speculative:
                 stats = autoregressive(eng.model, call.slot.cache, req.ids, call.sampler, call.sink, call.reuse)
@@ -38,7 +38,7 @@ def bare(eng, req):
                 stats = d.close()
         finally:
             call.end()
-        return eng.close_call(call, stats)
+        return eng.calls.close_call(call, stats)
 
 
 def main(argv=None) -> int:
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                     for arm in (("generate", "bare") if k % 2 == 0 else ("bare", "generate")):
                         opts = dict(chat=p["chat"], max_new_tokens=a.max_new_tokens, prefix_cache=False, **kw[m])
                         t = time.perf_counter()
-                        out = e.generate(p["text"], **opts) if arm == "generate" else bare(e, e.request(p["text"],
+                        out = e.generate(p["text"], **opts) if arm == "generate" else bare(e, e.calls.request(p["text"],
                                                                                                         **opts))
                         wall[arm] += time.perf_counter() - t
                         new[arm] += len(out.token_ids)

@@ -2,18 +2,15 @@
 built once (draft head, corpus tables, trained drafters).
 
 One call of :meth:`Engine.generate` holds the engine's lock (two threads calling it serialize; the KV cache has one
-owner at a time), validates every option before any work (:meth:`Engine.request`), opens the call on a batch slot (its
-KV cache, learned state, sink, Session and Decoder: :meth:`Engine.open_call`) and hands the decode round
-(decoding/loop.py) the Session, the method's drafter and the free sources. Methods are objects (methods.py) that see
-the engine's :class:`~swiftk.target.Target`, never the engine: no method has a branch here.
+owner at a time), has its options checked before any work (calls.Calls.request) and goes to a scheduler of one
+slot, like every call: the scheduler opens it on a batch slot and closes it through the engine's
+:class:`~swiftk.calls.Calls`, and runs its rounds (decoding/loop.py) in the batch's shared passes.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
-import time
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -22,17 +19,9 @@ from . import methods
 from .runtime import skipset
 from .options import DecodeConfig, OptimizerConfig, option_names, split_options, updated
 from .target.costs import CostModel
-from .decoding.gate import Gate
-from .decoding.grammar import Grammar, ll_tokenizer
-from .decoding.loop import Decoder
-from .decoding.sampler import Sampler, SamplingParams
-from .decoding.session import Session
-from .proposers import FREE, free_sources
-from .proposers.user import check_proposers
-from .errors import SwiftkError, warn
+from .errors import SwiftkError
 from .files import check_output_path
-from .decoding.output import (GenerationResult, TokenLogprobs, TokenSink, check_lengths, progress_bar, rate,
-                              stream_pieces)
+from .decoding.output import GenerationResult, stream_pieces
 from .decoding.passes import full_logits, timed_passes
 from .decoding.prefix import may_reuse
 from .runtime.model import KERNEL_MAX_ROWS, Model, check_device_dtype, resolve_device, resolve_dtype
@@ -41,8 +30,9 @@ from .runtime.weights import weight_pages
 from .proposers.datastore import CorpusTables, Datastore
 from .proposers.draft_head import target_draft_head
 from .proposers.draft_model import load_draft_model
-from .decoding.state import LearnedState, load_persisted, state_file
-from .requests import Call, Request, SlotPool, check_max_batch
+from .decoding.state import LearnedState, LearnedStates, state_file
+from .calls import Calls
+from .requests import Request, SlotPool, check_max_batch
 from .scheduler import Scheduler
 from .target import Target
 
@@ -114,21 +104,23 @@ class Engine:
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
         self.persist = bool(persist)
-        self.state = LearnedState(self.config.n_layers, opt_cfg)
-        self._states: dict = {}      # the other methods' learned states (fixed drafts learn their own)
+        self.states = LearnedStates(self.config.n_layers, opt_cfg, self.identity, state_file(
+            self.identity, self.device, self.dtype, self.model.weights, self.model.activations) if persist else None,
+            self.target)
         if draft_model is not None:   # its vocabulary checked against ours, its cache beside ours
             self.set_resource("draft_model", load_draft_model(self.target, draft_model, weights, activations,
                                                               self.decode_config.draft_vocab))
         self.corpus_tables = CorpusTables(self.target)   # started now when drafts use them
         if self.decode_config.datastore:
             self.corpus_tables.start()
+        self.calls = Calls(self.target, self.slots, self.states, self.decode_config, self._prefix_asked,
+                           self.corpus_tables)
         # what generate's default method builds once (SWIFT's draft head: its token ranking takes ~1 s on a fresh
         # $SWIFTK_HOME) is built here, so a user's first call does not wait for it
         methods.get(self.default_method).prepare(self.target, self.decode_config)
         if drafter is not None:
             methods.get("moa").prepare(self.target, self.decode_config)
-        if self.persist:
-            self._load_persisted(opt_cfg if opt_kw else None)
+        self.states.load(opt_cfg if opt_kw else None)
 
     @property
     def costs(self) -> CostModel:
@@ -142,9 +134,18 @@ class Engine:
     @property
     def default_method(self) -> str:
         """generate's method when none is named: "draft_model" on an engine loaded with one, else "swift"."""
-        return "draft_model" if self.resource("draft_model") is not None else "swift"
+        return self.calls.default_method
 
     # ------------------------------------------------------------------ the learned state
+    @property
+    def state(self) -> LearnedState:
+        """The learned state of SWIFT (the default method), the one that persists."""
+        return self.states.main
+
+    @state.setter
+    def state(self, st: LearnedState) -> None:
+        self.states.main = st
+
     @property
     def skip_set(self) -> torch.Tensor:
         return self.state.skip_set
@@ -159,7 +160,7 @@ class Engine:
 
     def new_state(self, **optimizer_options) -> LearnedState:
         """A fresh learned state (e.g. one per workload in a benchmark): pass it as ``generate(..., state=)``."""
-        return LearnedState(self.config.n_layers, updated(self.state.cfg, optimizer_options))
+        return self.states.new(updated(self.state.cfg, optimizer_options))
 
     def reset_optimizer(self, **optimizer_options) -> None:
         """Forget what was learned: back to the uniform skip set and a fresh optimizer (with these options)."""
@@ -194,23 +195,6 @@ class Engine:
         """Verify budget of speculate='always' with max_tree_nodes=0 (from the cost model)."""
         return self.costs.budget()
 
-    def state_path(self) -> Path:
-        return state_file(self.identity, self.device, self.dtype, self.model.weights, self.model.activations)
-
-    def _load_persisted(self, cfg) -> None:
-        path = self.state_path()
-        if path.exists():
-            self.state = load_persisted(path, self.identity, self.config.n_layers, cfg, self.costs) or self.state
-
-    def _save_persisted(self) -> None:
-        try:
-            self.state.save(self.state_path(), self.identity,
-                            {"costs": {**self.costs.to_dict(), "threads": torch.get_num_threads()}})
-        except (OSError, SwiftkError) as e:
-            if not getattr(self, "_warned_save", False):
-                self._warned_save = True
-                warn(f"swiftk: cannot save the decoding state ({e}); continuing without")
-
     # ------------------------------------------------------------------ generation
     def generate(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
@@ -234,9 +218,10 @@ class Engine:
         alternatives (decoding.output.TokenLogprobs: the same with or without speculation). ``grammar``: a
         swiftk.Grammar the output must match (JSON Schema, JSON object, regex, Lark; decoding/grammar.py).
         """
-        req = self.request(prompt, max_new_tokens, method, temperature, top_k, top_p, seed, stop, chat, callback,
-                           progress, exit_layer, skip_set, state, proposers, _cancel, logprobs=logprobs,
-                           grammar=grammar, **options)
+        req = self.calls.request(prompt, max_new_tokens=max_new_tokens, method=method, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, seed=seed, stop=stop, chat=chat, callback=callback,
+                                 progress=progress, exit_layer=exit_layer, skip_set=skip_set, state=state,
+                                 proposers=proposers, _cancel=_cancel, logprobs=logprobs, grammar=grammar, **options)
         return self.decode([req], 1)[0]
 
     def generate_many(self, prompts: Sequence, max_batch: Optional[int] = None, **kw) -> list:
@@ -250,23 +235,23 @@ class Engine:
         if "callback" in kw or "_cancel" in kw or kw.get("progress"):
             raise SwiftkError("generate_many takes no callback or progress (one call's options); use generate")
         max_batch = check_max_batch(self.default_max_batch if max_batch is None else max_batch)
-        reqs = [self.request(p, **kw) for p in prompts]
+        reqs = [self.calls.request(p, **kw) for p in prompts]
         max_batch = max(1, min(max_batch, len(reqs)))   # KV caches for the calls there are, not for the cap
         self.slots.reserve(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
         return self.decode(reqs, max_batch)
 
     def decode(self, reqs: Sequence[Request], max_batch: int) -> list:
-        """The results of ``reqs`` (from :meth:`request`), decoded by one scheduler with ``max_batch`` slots: the one
+        """The results of ``reqs`` (from ``eng.calls.request``), decoded by one scheduler with ``max_batch`` slots: the one
         road of every call (a lone ``generate`` is a batch of one). A call that fails raises after the others
         finish (the first such error, unchanged); an interrupt ends every call and propagates."""
         check_max_batch(max_batch)
         bad = [r for r in reqs if not isinstance(r, Request)]
         if bad:
-            raise SwiftkError(f"decode takes Requests (Engine.request(...)), got {type(bad[0]).__name__}")
+            raise SwiftkError(f"decode takes Requests (eng.calls.request(...)), got {type(bad[0]).__name__}")
         out: list = [None] * len(reqs)
         errors: list = []
         with self.hold():
-            sched = Scheduler(self, max_batch, whole_prompts=max_batch == 1)
+            sched = Scheduler(self.calls, max_batch, whole_prompts=max_batch == 1)
             for i, r in enumerate(reqs):
                 sched.submit(r, lambda res, err, i=i: errors.append(err) if err is not None else out.__setitem__(i, res))
             try:
@@ -295,16 +280,6 @@ class Engine:
             raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
                               "(use another engine, or collect the text and call after generate returns)")
 
-    def _state_for(self, key) -> LearnedState:
-        """The engine's learned state for a method (key None: SWIFT's, the one that persists); a few kept."""
-        if key is None:
-            return self.state
-        st = self._states.pop(key, None) or LearnedState(self.config.n_layers, self.state.cfg)
-        self._states[key] = st  # most recently used last
-        while len(self._states) > 8:
-            del self._states[next(iter(self._states))]
-        return st
-
     # ------------------------------------------------------------------ from a user's arguments to a call's result
     def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
         """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
@@ -315,111 +290,6 @@ class Engine:
     def prompt_char_limit(self) -> int:
         """No text over this many characters fits the context (Target.prompt_char_limit)."""
         return self.target.prompt_char_limit
-
-    def request(self, prompt, max_new_tokens: int = 128, method: Optional[str] = None, temperature: float = 0.0,
-                top_k: int = 0, top_p: float = 1.0, seed: Optional[int] = None, stop: Sequence[str] = (),
-                chat: bool = False, callback: Optional[Callable[[str], None]] = None,
-                progress: bool = False, exit_layer: Optional[int] = None, skip_set=None,
-                state: Optional[LearnedState] = None, proposers: Sequence = (),
-                _cancel: Optional[threading.Event] = None, logprobs: Optional[int] = None,
-                grammar: Optional[Grammar] = None, **options) -> Request:
-        """``generate``'s arguments checked, before any work: what a call (alone or in a batch) decodes from."""
-        m = methods.get(self.default_method if method is None else method)
-        decode_kw, opt_kw = split_options(options)
-        if opt_kw:
-            k = sorted(opt_kw)[0]
-            raise SwiftkError(f"{', '.join(sorted(opt_kw))}: optimizer option(s) shape the learned state, not one "
-                              f"call; use eng.reset_optimizer({k}={opt_kw[k]!r}) or swiftk.load(..., {k}=...)")
-        cfg = updated(self.decode_config, {**m.defaults, **decode_kw})
-        reuse_ok = may_reuse(cfg.prefix_cache, self._prefix_asked or decode_kw.get("prefix_cache") is True, self.model)
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise SwiftkError(f"stop must be a string or a list of strings, got {stop!r}")
-        if not callable(callback) and callback is not None:
-            raise SwiftkError("callback must be callable")
-        if not isinstance(chat, bool):
-            raise SwiftkError(f"chat must be True or False, got {chat!r}")
-        if state is not None and not isinstance(state, LearnedState):
-            raise SwiftkError(f"state must be a LearnedState (eng.new_state()), got {type(state).__name__}")
-        if state is not None and state.n_layers != self.config.n_layers:
-            raise SwiftkError(f"state is for a {state.n_layers}-layer model, this one has {self.config.n_layers} layers")
-        sp = SamplingParams(temperature, top_k, top_p, seed).validate()
-        proposers = check_proposers(proposers, m, not sp.greedy and cfg.sampling == "rejection")
-        fixed = m.fixed_skip(self.config.n_layers, self.identity, exit_layer, skip_set,
-                             "optimize" in decode_kw and cfg.optimize)
-        ids = self.encode_prompt(prompt, chat)
-        check_lengths(len(ids), max_new_tokens, self.max_context, self.config.max_position)
-        lp = None if logprobs is None else TokenLogprobs(logprobs)
-        return Request(ids=ids, max_new_tokens=max_new_tokens, method=m, sampling=sp, stop=list(stop), cfg=cfg,
-                       fixed=fixed, state=state, proposers=proposers, reuse_ok=reuse_ok, exit_layer=exit_layer,
-                       callback=callback, progress=progress, cancel=threading.Event() if _cancel is None else _cancel, logprobs=lp,
-                       grammar=self._grammar_state(grammar, sp, cfg))
-
-    def _grammar_state(self, grammar, sp, cfg):
-        """A call's own state of ``grammar`` (None without one), its tokenizer view built once per engine."""
-        if grammar is None:
-            return None
-        if not isinstance(grammar, Grammar):
-            raise SwiftkError(f"grammar must be a swiftk.Grammar (Grammar.json_schema(...), .json_object(), "
-                              f".regex(...), .lark(...)), got {type(grammar).__name__}")
-        if not sp.greedy and cfg.sampling == "rejection":
-            raise SwiftkError("grammar= needs sampling='coupled' (the default): tree rejection sampling draws from "
-                              "the draft's distributions, which know no grammar")
-        return grammar.matcher(self.resource("ll_tokenizer",
-                                             lambda: ll_tokenizer(self.tokenizer, self.config.vocab_size)))
-
-    def open_call(self, req: Request, slot: int) -> Call:
-        """Start decoding ``req`` on batch slot ``slot`` (its KV cache): the method's drafter and learned state,
-        the sink, the Session and its Decoder (the reference method's has no drafter and no sources)."""
-        m, cfg, sp = req.method, req.cfg, req.sampling
-        sl = self.slots.get(slot)
-        if m.speculative:
-            m.prepare(self.target, cfg)   # what the method builds once (draft head, drafter), before the timed loop
-            if cfg.datastore:
-                self.corpus()
-        state = req.state if req.state is not None or not m.speculative else self._state_for(m.state_key(req.fixed))
-        bar, cb = None, req.callback
-        sink = TokenSink(self.tokenizer, req.max_new_tokens, req.stop, None, req.cancel)
-        if req.progress:
-            bar, cb = progress_bar(req.max_new_tokens, req.callback, lambda: len(sink.ids))
-        sink.callback = cb
-        sampler = Sampler(sp, self.device, cfg.sampling)
-        reuse = sl.held.shared(sl.cache, req.ids) if req.reuse_ok else 0
-        sl.held.forget()   # recorded again once this call has finished, if its passes were exact
-        call = Call(req, sl, state, sink, sampler, reuse, bar, time.perf_counter())
-        # free drafts are deterministic: tree rejection sampling has no rule for them
-        rejection = not sp.greedy and cfg.sampling == "rejection"
-        sources = [] if rejection or not m.speculative else free_sources(state, cfg, self.config.vocab_size,
-                                                                           self.corpus, req.proposers)
-        gate_memory = state.gate if m.speculative else LearnedState(self.config.n_layers, self.state.cfg).gate
-        s = Session(self.model, sl.cache, self.costs, Gate(self.costs, gate_memory, cfg), sampler, sink, cfg,
-                    req.ids, (*FREE, *(x.name for x in sources)), reuse, req.logprobs, req.grammar)
-        drafter = m.drafter(self.target, state, cfg, req.fixed, slot) if m.speculative else None
-        call.decoder = Decoder(s, drafter, sources, reference=not m.speculative)
-        return call
-
-    def close_call(self, call: Call, stats) -> GenerationResult:
-        """A finished call's result; its output joins the learned state's history, the slot records what its
-        cache holds."""
-        req, sink, m = call.req, call.sink, call.req.method
-        wall = time.perf_counter() - call.t0
-        if m.speculative:   # every output decoded with a learned state drafts for later prompts (history=)
-            call.state.history.add(sink.ids)
-            call.state.tokens_seen += len(sink.ids)
-            call.state.time_decode_s += wall
-        stats.method, stats.new_tokens, stats.prompt_tokens = m.name, len(sink.ids), len(req.ids)
-        stats.prompt_reused = call.reuse
-        if req.reuse_ok:
-            call.slot.held.record(call.slot.cache, list(req.ids) + list(sink.ids))
-        stats.arithmetic = self.model.arithmetic(short=True)
-        stats.wall_time_s, stats.tokens_per_s = wall, rate(len(sink.ids), wall)
-        stats.queue_time_s = max(0.0, call.t0 - req.arrival)
-        stats.exit_layer = req.exit_layer
-        if self.persist and m.speculative and call.state is self.state:
-            self._save_persisted()
-        lp = None if req.logprobs is None else req.logprobs.entries[:len(sink.ids)]
-        return GenerationResult(text=sink.text, token_ids=list(sink.ids), prompt_ids=req.ids,
-                                finish_reason=sink.finish_reason, stats=stats, logprobs=lp)
 
     @property
     def default_max_batch(self) -> int:
@@ -498,4 +368,4 @@ class Engine:
                 "state": {"skip_set": skipset.to_layers(self.skip_set), "tokens_seen": self.state.tokens_seen,
                           "optimization_steps": o.steps, "optimization_done": o.done,
                           "best_matchness": o.best_matchness,
-                          "file": str(self.state_path()) if self.persist else None}}
+                          "file": str(self.states.path) if self.states.path else None}}

@@ -27,7 +27,7 @@ MAX_BATCH = 64   # calls decoding together at most (each holds a KV cache of the
 
 @dataclass(kw_only=True)
 class Request:
-    """``Engine.generate``'s arguments, checked once (Engine.request): everything a call needs to start decoding,
+    """``Engine.generate``'s arguments, checked once (calls.Calls.request): everything a call needs to start decoding,
     whoever asked for it (``generate``, ``generate_many``, the server)."""
 
     ids: list                     # the prompt's token ids
@@ -70,7 +70,7 @@ class Call:
     reuse: int                    # prompt slots whose KV the slot already held
     bar: object = None            # the progress bar (progress=True)
     t0: float = field(default_factory=time.perf_counter)
-    decoder: Optional[Decoder] = None   # set by Engine.open_call, once the Session is made
+    decoder: Optional[Decoder] = None   # set by Calls.open_call, once the Session is made
 
     def end(self) -> None:
         if self.bar is not None:

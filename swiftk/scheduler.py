@@ -7,7 +7,8 @@ A prompt whose start a running call is prefilling (n choices of one prompt, a sh
 start is prefilled and then copies its KV instead of computing it again: the same rows bit for bit where prefix
 reuse is exact (``Request.reuse_ok``), so the output does not change.
 
-The scheduler sees the engine through :class:`CallHost` (the engine imports this module, not the other way round).
+The scheduler drives the engine's calls (calls.Calls) through :class:`CallHost` (the engine imports this module,
+not the other way round).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ Done = Callable[[Optional[GenerationResult], Optional[BaseException]], None]
 
 
 class CallHost(Protocol):
-    """What the scheduler needs of the engine: its batch slots (a KV cache each) and calls opened and closed on
-    them."""
+    """What the scheduler needs of the engine (calls.Calls): its batch slots (a KV cache each) and calls opened and
+    closed on them."""
     model: Model
     slots: SlotPool
 

@@ -180,7 +180,7 @@ def test_state_with_infinity_is_ignored_with_a_warning(tmp_path, monkeypatch, fo
     d = tb._tiny_hf_dir(tmp_path)
     eng = swiftk.load(str(d), persist=True)
     eng.generate("w1 w2 w3", max_new_tokens=4)
-    path = eng.state_path()
+    path = eng.states.path
     text = path.read_text()
     assert '"tokens_seen": ' in text
     path.write_text(text.replace('"tokens_seen": ', '"tokens_seen": Infinity, "was": ', 1))

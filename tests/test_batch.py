@@ -117,13 +117,13 @@ def test_stops_and_lengths_leave_the_batch_mid_way(eng):
     """Requests with their own lengths and stop strings, submitted to one scheduler: each ends where it would alone
     and the rest go on."""
     lens = [5, 40, 17, 33, 1, 26]
-    reqs = [eng.request(p, max_new_tokens=n, stop=["\n\n"] if i % 2 else ()) for i, (p, n) in
+    reqs = [eng.calls.request(p, max_new_tokens=n, stop=["\n\n"] if i % 2 else ()) for i, (p, n) in
             enumerate(zip(PROMPTS, lens))]
     want = [eng.generate(p, max_new_tokens=n, method="autoregressive", stop=["\n\n"] if i % 2 else ())
             for i, (p, n) in enumerate(zip(PROMPTS, lens))]
     got: dict = {}
     with eng.hold():
-        s = Scheduler(eng, 4)
+        s = Scheduler(eng.calls, 4)
         for i, r in enumerate(reqs):
             s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))
         s.run_until_idle()
@@ -162,12 +162,12 @@ def test_a_failing_or_cancelled_call_leaves_the_others_unchanged(eng):
         if len(seen) == 3:
             cancel.set()
 
-    reqs = [eng.request(PROMPTS[0], max_new_tokens=30, proposers=[Breaks()]),
-            eng.request(PROMPTS[1], max_new_tokens=30, callback=cb, _cancel=cancel),
-            eng.request(PROMPTS[2], max_new_tokens=30), eng.request(PROMPTS[3], max_new_tokens=30)]
+    reqs = [eng.calls.request(PROMPTS[0], max_new_tokens=30, proposers=[Breaks()]),
+            eng.calls.request(PROMPTS[1], max_new_tokens=30, callback=cb, _cancel=cancel),
+            eng.calls.request(PROMPTS[2], max_new_tokens=30), eng.calls.request(PROMPTS[3], max_new_tokens=30)]
     got: dict = {}
     with eng.hold():
-        s = Scheduler(eng, 4)
+        s = Scheduler(eng.calls, 4)
         for i, r in enumerate(reqs):
             s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))
         s.run_until_idle()

@@ -417,7 +417,7 @@ def test_persisted_state_round_trip_corrupt_and_foreign(tiny_dir, tmp_path, monk
     monkeypatch.setenv("SWIFTK_HOME", str(tmp_path))
     e1 = swiftk.load(str(tiny_dir), persist=True)
     e1.generate(PROMPT, max_new_tokens=32)
-    path = e1.state_path()
+    path = e1.states.path
     assert path.is_file() and path.parent == tmp_path / "state"
     e1.state.skip_set = e1.skip_set_from_layers(attention=[2], mlp=[3])
     e1.generate(PROMPT, max_new_tokens=8, optimize=False)
@@ -448,7 +448,7 @@ def test_persisted_state_round_trip_corrupt_and_foreign(tiny_dir, tmp_path, monk
 
     r = threading.Thread(target=reader)
     r.start()
-    ws = [threading.Thread(target=lambda e=e: [e._save_persisted() for _ in range(30)]) for e in engines]
+    ws = [threading.Thread(target=lambda e=e: [e.states.save() for _ in range(30)]) for e in engines]
     for w in ws:
         w.start()
     for w in ws:
@@ -732,7 +732,7 @@ def test_the_reference_method_reads_and_writes_nothing_learned(eng):
 
 
 def test_decode_checks_its_arguments(eng):
-    req = eng.request(PROMPT, max_new_tokens=4)
+    req = eng.calls.request(PROMPT, max_new_tokens=4)
     with pytest.raises(SwiftkError, match="max_batch"):
         eng.decode([req], 0)   # no slot: the scheduler would never admit it
     with pytest.raises(SwiftkError, match="Requests"):

@@ -21,7 +21,7 @@ LAYERS = [
     ("target", ["swiftk.target"]),               # what drafts are checked against: model, tokenizer, costs
     ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop
     ("decoding", ["swiftk.decoding"]),           # the round, session, tree, acceptance, costs, learned state
-    ("engine", ["swiftk.methods", "swiftk.requests", "swiftk.scheduler", "swiftk.engine",
+    ("engine", ["swiftk.methods", "swiftk.requests", "swiftk.scheduler", "swiftk.calls", "swiftk.engine",
                 "swiftk.api"]),
     ("serve", ["swiftk.serve"]),
     ("plugins", ["swiftk.moa", "swiftk.integrations"]),   # experimental methods, adapters to other engines:

@@ -181,9 +181,9 @@ def test_learned_state_round_trips_completely_and_carries_only_what_outlives_a_p
     e2 = swiftk.load(str(tiny_dir), persist=True)
     assert e2.state.to_dict(e2.identity) == e1.state.to_dict(e1.identity)
     # damaged values are refused with the file named, and the engine starts fresh
-    bad = json.loads(e1.state_path().read_text())
+    bad = json.loads(e1.states.path.read_text())
     bad["estimates"]["history"]["hits"][0] = float("nan")
-    e1.state_path().write_text(json.dumps(bad))
+    e1.states.path.write_text(json.dumps(bad))
     with pytest.warns(UserWarning, match="corrupt"):
         e3 = swiftk.load(str(tiny_dir), persist=True)
     assert e3.state.tokens_seen == 0
@@ -245,9 +245,9 @@ def test_calls_from_inside_a_callback_and_out_of_range_inputs_are_refused(eng, t
     e1 = swiftk.load(str(tiny_dir), persist=True)
     for key, value in (("step_s", 1e-300), ("opt_step_s", float("nan"))):
         e1.generate(PROMPT, max_new_tokens=8)   # a good file, then one damaged value
-        d = json.loads(e1.state_path().read_text())
+        d = json.loads(e1.states.path.read_text())
         d["costs"][key] = value
-        e1.state_path().write_text(json.dumps(d))
+        e1.states.path.write_text(json.dumps(d))
         with pytest.warns(UserWarning, match=key):
             e2 = swiftk.load(str(tiny_dir), persist=True)
         assert e2.costs.step is None and e2.state.tokens_seen == 0

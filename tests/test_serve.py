@@ -531,17 +531,17 @@ def test_a_request_being_opened_counts_against_the_limits(smollm2_path):
     from swiftk.serve.decode import DecodeThread
     eng = swiftk.load(str(smollm2_path), persist=False, datastore=False)
     opening, release = threading.Event(), threading.Event()
-    real = eng.open_call
+    real = eng.calls.open_call
 
     def slow_open(*a, **kw):
         opening.set()
         release.wait(60)
         return real(*a, **kw)
 
-    eng.open_call = slow_open
+    eng.calls.open_call = slow_open
     q = DecodeThread(eng, max_batch=2, queue_size=1)
     try:
-        req = lambda: eng.request(PROMPT, max_new_tokens=2)   # noqa: E731
+        req = lambda: eng.calls.request(PROMPT, max_new_tokens=2)   # noqa: E731
         futs = [q.submit(req())]
         assert opening.wait(60)
         assert (q.waiting, q.running) == (0, 1)   # as /health shows it

@@ -169,7 +169,7 @@ class Homes:
             shutil.copy(marker, t / "models" / marker.name)
         code = (f"import torch; torch.set_num_threads(1); import swiftk; e = swiftk.load('smollm2-135m'); "
                 f"e.generate({PROMPT!r}, max_new_tokens=32); e.generate({PROMPT!r}, max_new_tokens=8, method='ngram'); "
-                f"print(e.state_path())")
+                f"print(e.states.path)")
         r = subprocess.run([PY, "-c", code], env=env_for(t, **BUILD), capture_output=True, text=True, timeout=900,
                            cwd=REPO)
         if r.returncode:

@@ -176,3 +176,46 @@ def load_persisted(path, identity: dict, n_layers: int, cfg, costs) -> Optional[
     except (SwiftkError, ValueError, TypeError, ArithmeticError, AttributeError, OSError) as e:
         warn(f"swiftk: ignoring the saved decoding state {path} ({e}); starting fresh")
         return None
+
+
+class LearnedStates:
+    """An engine's learned states, one owner: SWIFT's (``main``: kept in ``path`` across processes where the engine
+    persists) and a few other methods' (fixed drafts learn their own), the most recently used kept."""
+    KEEP = 8
+
+    def __init__(self, n_layers: int, cfg: OptimizerConfig, identity: dict, path: Optional[Path], target):
+        """``target``: the swiftk.target.Target whose cost model a saved state carries (and a loaded one restores)."""
+        self.n_layers, self.identity, self.path, self.target = n_layers, identity, path, target
+        self.main = LearnedState(n_layers, cfg)
+        self._others: dict = {}
+        self._warned = False
+
+    def new(self, cfg: OptimizerConfig) -> LearnedState:
+        return LearnedState(self.n_layers, cfg)
+
+    def of(self, key) -> LearnedState:
+        """The state of a method's key (None: SWIFT's, ``main``)."""
+        if key is None:
+            return self.main
+        st = self._others.pop(key, None) or LearnedState(self.n_layers, self.main.cfg)
+        self._others[key] = st  # most recently used last
+        while len(self._others) > self.KEEP:
+            del self._others[next(iter(self._others))]
+        return st
+
+    def load(self, cfg: Optional[OptimizerConfig]) -> None:
+        """``main`` from ``path`` where one was saved (``cfg``: optimizer options that override the saved ones)."""
+        if self.path is not None and self.path.exists():
+            self.main = load_persisted(self.path, self.identity, self.n_layers, cfg, self.target.costs) or self.main
+
+    def save(self) -> None:
+        """``main`` and the cost model to ``path`` (where persisting); a failure warns once and decoding goes on."""
+        if self.path is None:
+            return
+        try:
+            self.main.save(self.path, self.identity,
+                           {"costs": {**self.target.costs.to_dict(), "threads": torch.get_num_threads()}})
+        except (OSError, SwiftkError) as e:
+            if not self._warned:
+                self._warned = True
+                warn(f"swiftk: cannot save the decoding state ({e}); continuing without")

@@ -225,7 +225,7 @@ class Server:
             raise APIError(400, f"at most {MAX_STOP} stop sequences, got {len(stop)}", param="stop")
         # what only the engine knows to refuse (top_p's range, a method's options) is a SwiftkError: a 400
         # (api.as_api_error), raised before anything queues
-        return self.engine.request(ids, max_new_tokens=limit, method=self.method, stop=stop,
+        return self.engine.calls.request(ids, max_new_tokens=limit, method=self.method, stop=stop,
                                    state=self.states.get(key), logprobs=api.logprobs_asked(req), grammar=grammar,
                                    temperature=t, top_p=1.0 if req.top_p is None else req.top_p,
                                    top_k=req.top_k or 0, seed=None if req.seed is None else req.seed + choice,

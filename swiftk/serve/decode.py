@@ -23,7 +23,7 @@ class DecodeThread:
         engine.slots.reserve(max_batch, f"--max-batch {max_batch}")   # refused here, not by the allocator
         for i in range(max_batch):   # every slot's KV cache now: a server's memory is set at start, never mid-request
             engine.slots.get(i)
-        self.sched = Scheduler(engine, max_batch)
+        self.sched = Scheduler(engine.calls, max_batch)
         self._lock = threading.Lock()
         self._live: set = set()   # cancel events of the waiting and running jobs
         self._job_s = 1.0         # moving mean of a job's duration, for Retry-After
@@ -41,7 +41,7 @@ class DecodeThread:
         return self.sched.running
 
     def submit(self, req: Request) -> Future:
-        """Queue an engine Request (Engine.request); the future gets its GenerationResult or its error."""
+        """Queue an engine Request (Calls.request); the future gets its GenerationResult or its error."""
         return self.submit_many([req])[0]
 
     def submit_many(self, reqs: list) -> list:
