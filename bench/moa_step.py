@@ -1,13 +1,14 @@
 """What one MoA draft step costs, in decode steps, and where it goes.
 
-    python -m bench.moa_step --model smollm2-135m [--drafter PATH] [--context 256] [--reps 51]
+    python -m bench.moa_step --model smollm2-135m [--drafter PATH] [--context 256] [--catch-up 2] [--reps 51]
 
 After a ``--context``-token prompt is in the cache, times (medians of ``--reps``, interleaved): the target's decode
 step; the drafter's body (``MoARunner.step``: one call to the kernel library where it is loaded, and its torch
 twin op by op), its draft-vocabulary head (``DraftHead.logits_subset``
 on the target's LM-head rows, the native block kernel) and the top-k read, each at the engine's torch threads and
-at one (what ``moa_draft`` runs with); a 3-step chain as ``moa_draft`` runs it; and the catch-up of the drafter's
-state per verified position (``MoARunner.sync``: LSA over every layer's K/V). Writes
+at one (what ``moa_draft`` runs with); a 3-step chain as ``moa_draft`` runs it; a round's catch-up on ``--catch-up``
+newly verified positions (``MoARunner.sync``, kernel and torch twin); and once, the catch-up per position of the
+whole prompt. Writes
 ``bench/results/moa_step_<model>_<date>.json``.
 """
 from __future__ import annotations
@@ -24,11 +25,12 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter", default=None, help="MoA drafter file (default: the model's own)")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--catch-up", type=int, default=2, help="positions a timed round catches up on")
     ap.add_argument("--reps", type=int, default=51)
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
-    if a.reps < 1 or a.context < 16:
-        raise SystemExit("--reps must be >= 1, --context >= 16")
+    if a.reps < 1 or a.context < 16 or not 1 <= a.catch_up <= 8:
+        raise SystemExit("--reps must be >= 1, --context >= 16, --catch-up in 1..8")
 
     import torch
     import swiftk
@@ -70,6 +72,15 @@ def main(argv=None) -> int:
     def body_torch():
         twin.step(100, n, final)
 
+    # a round's catch-up: the state of the positions a round verified (MoARunner.sync), kernel and torch twin
+    def catchup():
+        runner.n = n - a.catch_up
+        runner.sync(cache, committed)
+
+    def catchup_torch():
+        twin.n = n - a.catch_up
+        twin.sync(cache, committed)
+
     h = runner.step(100, n, final)
 
     def head_():
@@ -86,7 +97,8 @@ def main(argv=None) -> int:
             torch.topk(torch.softmax(model.logits_of(x, head.logits_subset)[0], -1), 4)[1].tolist()
 
     fns = {"decode": (decode, threads), **{f"{k}@{th}": (f, th) for k, f in
-                                            (("body", body), ("body_torch", body_torch), ("head", head_), ("topk", topk))
+                                            (("body", body), ("body_torch", body_torch), ("head", head_), ("topk", topk),
+                                             ("catchup", catchup), ("catchup_torch", catchup_torch))
                                             for th in (threads, 1)},
            "chain3@1": (chain, 1)}
     times = {k: [] for k in fns}

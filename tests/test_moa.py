@@ -53,16 +53,16 @@ def test_cross_attention_sees_only_verified_states(eng, lsa):
         assert not torch.allclose(d.forward_train(emb, kv3, off)[0, i], base[0, i])
 
 
-@pytest.mark.parametrize("anchor", [False, True])
+@pytest.mark.parametrize("anchor,lsa", [(False, True), (True, True), (True, False)])
 @pytest.mark.parametrize("native", [False, True])
-def test_runner_equals_training_forward(eng, anchor, native):
-    """The incremental generation path (sync on verified positions, then chain steps: torch op by op, or one call
-    to the kernel library) computes what the teacher-forced training pass computes for the same tokens and
-    offset; with the anchor, from the final hidden state of the last verified position, as the pass hands it
-    over."""
+def test_runner_equals_training_forward(eng, anchor, lsa, native):
+    """The incremental generation path (catch-up on verified positions as they grow, then chain steps: torch op by
+    op, or calls to the kernel library) computes what the teacher-forced training pass computes for the same
+    tokens and offset; with the anchor, from the final hidden state of the last verified position, as the pass
+    hands it over."""
     if native and native_lib.library() is None:
         pytest.skip("the CPU kernel library is not built")
-    d = _random_drafter(eng, anchor=anchor)
+    d = _random_drafter(eng, anchor=anchor, lsa=lsa)
     m, cache = eng.model, eng.model.new_cache(64)
     ids = eng.encode_prompt(_prompt(16))
     T = len(ids)
@@ -73,10 +73,10 @@ def test_runner_equals_training_forward(eng, anchor, native):
     emb = m.embed[torch.tensor(ids)]
     r = MoARunner(d, m, 64, native=native)
     assert (r.native is not None) == native
-    for n, p in ((5, 5), (5, 8), (11, 13)):
+    r.reset()
+    for n, p in ((5, 5), (5, 8), (11, 13)):   # the second sync has nothing new, the third catches up 5..10
         cache.reset()
         cache.advance(n)
-        r.reset()
         r.sync(cache, ids)
         for q in range(n, p + 1):      # the chain n..p with the true tokens
             out = r.step(ids[q], q, final[n - 1:n])
@@ -372,18 +372,26 @@ def test_jsonl_prompts_are_answered_by_the_target(eng, tmp_path, monkeypatch):
         list(corpus.documents(str(f)))
 
 
-def test_native_step_refuses_what_it_cannot_read(eng):
-    """Out-of-range positions and a wrong weight list are SwiftkErrors, not reads past a buffer."""
-    from swiftk.runtime.ops.cpu_moa import MoAStep
+def test_native_kernels_refuse_what_they_cannot_read(eng):
+    """Out-of-range positions, wrong sizes and a wrong weight list are SwiftkErrors, not reads past a buffer."""
+    from swiftk.runtime.ops.cpu_moa import MoAKernel
 
     if native_lib.library() is None:
         pytest.skip("the CPU kernel library is not built")
     r = MoARunner(_random_drafter(eng), eng.model, 8, native=True)
+    k = r.native
     emb = eng.model.embed_rows(torch.tensor([3])).float()
     with pytest.raises(SwiftkError, match="state tensors"):
-        r.native(emb, 8, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)    # row 8 of an 8-row state
+        k.step(emb, 8, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)    # row 8 of an 8-row state
     with pytest.raises(SwiftkError, match="emb must be a CPU tensor of"):
-        r.native(emb[:, :-1], 1, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)
+        k.step(emb[:, :-1], 1, 1, r.sa_k, r.sa_v, r.ca_k, r.ca_v, None)
+    feats = torch.zeros(2, 16)
+    with pytest.raises(SwiftkError, match="state tensors"):
+        k.ingest(feats, emb.expand(2, -1), 7, r.ca_k, r.ca_v, r.sa_k, r.sa_v)    # rows 7..8 of 8
+    with pytest.raises(SwiftkError, match="emb must be a CPU tensor of"):
+        k.ingest(feats, emb, 0, r.ca_k, r.ca_v, r.sa_k, r.sa_v)                  # one embedding for two rows
+    with pytest.raises(SwiftkError, match="features must be"):
+        k.ingest(feats[0], emb, 0, r.ca_k, r.ca_v, r.sa_k, r.sa_v)
     assert r.twin().native is r.native   # one weight copy for every batch slot's runner
-    with pytest.raises(SwiftkError, match="13 weight tensors"):
-        MoAStep(r.native.weights[:13], eng.config.hidden_size, 32, 2, 64)
+    with pytest.raises(SwiftkError, match="14 weight tensors"):
+        MoAKernel(k.weights[:14], eng.config.hidden_size, 32, 2, 64, 16)

@@ -140,13 +140,19 @@ SWIFTK_API void swk_set_attention_tiles(int on);
 /* SWK_LAYER_TABLE_WIDTH of the built library (check it against the header's before filling a table). */
 SWIFTK_API int swk_layer_table_width(void);
 
-/* One draft step of the MoA drafter (kernels/cpu/cpu_moa.cpp, swiftk/moa): w the drafter's 14 float32 tensors in
- * the order cpu_moa.cpp lists, dims {hidden, width, heads, mlp}, emb [hidden] the token's embedding at position p,
+/* One draft step of the MoA drafter (kernels/cpu/cpu_moa.cpp, swiftk/moa): w the drafter's 15 float32 tensors in
+ * the order cpu_moa.cpp lists, dims {hidden, width, heads, mlp, lsa_dim}, emb [hidden] the token's embedding at position p,
  * sa_k / sa_v [> p, width] the stream's keys and values (row p written), ca_k / ca_v [n, width] the verified
  * states', anchor [width] or NULL; out [hidden]. 0, -1 on bad arguments, -2 out of memory. */
 SWIFTK_API int swk_moa_step(const float* const* w, const int64_t* dims, const float* emb, int64_t p, int64_t n,
                             float* sa_k, float* sa_v, const float* ca_k, const float* ca_v, const float* anchor,
                             float* out);
+
+/* The MoA drafter's catch-up on verified positions p0 .. p0 + t - 1 (same w and dims): feats [t, lsa_dim] their LSA
+ * features, emb [t, hidden] their embeddings; writes those rows of ca_k / ca_v and sa_k / sa_v [>= p0 + t, width].
+ * 0, -1 on bad arguments, -2 out of memory. */
+SWIFTK_API int swk_moa_ingest(const float* const* w, const int64_t* dims, const float* feats, const float* emb,
+                              int64_t p0, int64_t t, float* ca_k, float* ca_v, float* sa_k, float* sa_v);
 
 /* Threads of the regions that take no count from their caller (the block matmuls); returns the previous value. */
 SWIFTK_API int swk_set_threads(int n);

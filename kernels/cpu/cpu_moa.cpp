@@ -1,7 +1,9 @@
-// One draft step of the MoA drafter (swiftk/moa/model.py) for one token: its self-attention over the drafter's own
-// token stream, the cross-attention to the target's verified states, the MLP and the projection to the target's
-// hidden size. Torch twin: swiftk/moa/runner.py `MoARunner.step` (tests/test_moa.py holds them equal to float32
-// rounding; the draft only proposes, the target's pass decides, so rounding never reaches the output).
+// The MoA drafter (swiftk/moa/model.py) at generation time. swk_moa_step: one draft step for one token (its
+// self-attention over the drafter's own token stream, the cross-attention to the target's verified states, the MLP
+// and the projection to the target's hidden size). swk_moa_ingest: a round's catch-up on newly verified positions
+// (their cross-attention keys/values and their self-attention keys/values). Torch twins: swiftk/moa/runner.py
+// `MoARunner.step` / `MoARunner.sync` (tests/test_moa.py holds them equal to float32 rounding; the draft only
+// proposes, the target's pass decides, so rounding never reaches the output).
 //
 // Why our own: in torch the step is ~100 ops on vectors of a few hundred floats, 25-35 us of dispatch each on a
 // 2-core Zen 3 -- a third of a SmolLM2 decode step. Here it is one call that reads ~5 MB of float32 weights.
@@ -23,7 +25,7 @@ namespace {
 constexpr float EPS = 1e-6f;   // the drafter's RMSNorm epsilon (moa/model.py `rms`)
 
 enum { TOK_IN, SA_NORM, SA_QKV, SA_OUT, CA_NORM, CA_Q, CA_SINK, CA_OUT, MLP_NORM, GATE_UP, DOWN, OUT_NORM, OUT,
-       INV_FREQ, N_WEIGHTS };
+       INV_FREQ, CA_KV, N_WEIGHTS };
 
 float dot(const float* a, const float* b, int64_t n) {
   vec s0 = vzero(), s1 = vzero();
@@ -106,7 +108,7 @@ void attend(const float* q, const float* sink_k, const float* sink_v, const floa
 extern "C" {
 
 // w: the N_WEIGHTS float32 tensors above in that order (Linear weights row-major [out, in]; ca_sink [2, d]: the
-// sink's key, then its value; inv_freq [hd / 2]); dims: {hidden D, width d, heads, mlp}. emb [D]: the token's
+// sink's key, then its value; inv_freq [hd / 2]; ca_kv [2 d, lsa_dim] is read by swk_moa_ingest only); dims: {hidden D, width d, heads, mlp}. emb [D]: the token's
 // target embedding at position p; sa_k, sa_v [>= p + 1, d]: the stream's rotated keys and values (row p written
 // here); ca_k, ca_v [n, d]: the verified positions' cross-attention keys (rotated) and values; anchor [d] or null:
 // the anchor term added after self-attention. out [D]: the predicted activation. Returns 0, -1 on bad arguments,
@@ -152,6 +154,42 @@ int swk_moa_step(const float* const* w, const int64_t* dims, const float* emb, i
   matvec(w[DOWN], mid, d, m, x, true);
   rmsnorm(x, w[OUT_NORM], d, t);
   matvec(w[OUT], t, D, d, out, false);
+  return 0;
+}
+
+// w, dims: as swk_moa_step's, dims with a fifth entry lsa_dim a. For the t positions p0 .. p0 + t - 1: feats [t, a]
+// their LSA features (the torch side computes them: one batched pass over the target's layers), emb [t, D] their
+// tokens' target embeddings. Writes rows p0 .. p0 + t - 1 of ca_k, ca_v (the cross-attention keys, rotated, and
+// values) and of sa_k, sa_v (the stream's own keys, rotated, and values), each [>= p0 + t, d]. Returns 0, -1 on bad
+// arguments, -2 out of memory.
+int swk_moa_ingest(const float* const* w, const int64_t* dims, const float* feats, const float* emb, int64_t p0,
+                   int64_t t, float* ca_k, float* ca_v, float* sa_k, float* sa_v) {
+  if (!w || !dims || !feats || !emb || !ca_k || !ca_v || !sa_k || !sa_v || p0 < 0 || t < 0) return -1;
+  for (int i = 0; i < N_WEIGHTS; i++)
+    if (!w[i]) return -1;
+  const int64_t D = dims[0], d = dims[1], heads = dims[2], a = dims[4];
+  if (D < 1 || d < 1 || heads < 1 || a < 1 || d % heads || (d / heads) % 2) return -1;
+  const int64_t hd = d / heads;
+  thread_local std::vector<float> buf;
+  try {
+    buf.resize((size_t)(4 * d));
+  } catch (const std::bad_alloc&) {
+    return -2;
+  }
+  float *x = buf.data(), *kv = x + d, *u = kv + 2 * d;
+  for (int64_t i = 0; i < t; i++) {
+    const int64_t p = p0 + i;
+    matvec(w[CA_KV], feats + i * a, 2 * d, a, kv, false);     // cross-attention: k then v of the features
+    rope(kv, heads, hd, p, w[INV_FREQ]);
+    memcpy(ca_k + p * d, kv, (size_t)d * sizeof(float));
+    memcpy(ca_v + p * d, kv + d, (size_t)d * sizeof(float));
+    matvec(w[TOK_IN], emb + i * D, d, D, x, false);           // the stream: k, v of rms(tok_in(emb)); q unused
+    rmsnorm(x, w[SA_NORM], d, u);
+    matvec(w[SA_QKV] + d * d, u, 2 * d, d, kv, false);
+    rope(kv, heads, hd, p, w[INV_FREQ]);
+    memcpy(sa_k + p * d, kv, (size_t)d * sizeof(float));
+    memcpy(sa_v + p * d, kv + d, (size_t)d * sizeof(float));
+  }
   return 0;
 }
 

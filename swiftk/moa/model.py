@@ -164,9 +164,12 @@ class MoADrafter(nn.Module):
     def anchor(self, final: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
         """The anchor term of rows at depth ``depth`` [...] (>= 1) whose last verified position's final-normed
         hidden state is ``final`` [..., hidden] -> [..., d]. Depths past training's reuse its deepest embedding."""
+        return self.anchor_base(final) + self.depth_emb[(depth - 1).clamp(0, self.cfg.max_offset - 1)]
+
+    def anchor_base(self, final: torch.Tensor) -> torch.Tensor:
+        """The anchor term less its depth embedding (what a chain's steps share)."""
         # unit RMS in: the target's final norm scales its output by weights far from 1
-        f = F.rms_norm(final, (final.shape[-1],), None, 1e-6)
-        return self.anchor_in(f) + self.depth_emb[(depth - 1).clamp(0, self.cfg.max_offset - 1)]
+        return self.anchor_in(F.rms_norm(final, (final.shape[-1],), None, 1e-6))
 
     def finish(self, x: torch.Tensor, sa_o: torch.Tensor, ca_k, ca_v, ca_mask, pos, anchor=None) -> torch.Tensor:
         """After self-attention: residual add (and the anchor term), cross-attention to the LSA keys, MLP, output

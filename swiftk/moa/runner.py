@@ -18,14 +18,14 @@ import torch.nn.functional as F
 from ..errors import SwiftkError
 from ..proposers.draft_loop import draft_chain
 from ..runtime.ops import native as native_lib
-from ..runtime.ops.cpu_moa import MoAStep
+from ..runtime.ops.cpu_moa import MoAKernel
 from .model import MoADrafter
 
 
 class MoARunner:
     def __init__(self, drafter: MoADrafter, model, max_slots: int, native: Optional[bool] = None):
-        """``native``: a draft step in the kernel library (kernels/cpu/cpu_moa.cpp) rather than torch op by op;
-        None: where the model runs on the CPU and the library is loaded."""
+        """``native``: the draft step and the catch-up in the kernel library (kernels/cpu/cpu_moa.cpp) rather than
+        torch op by op; None: where the model runs on the CPU and the library is loaded."""
         c = drafter.cfg
         c.validate(model.cfg)
         self.drafter, self.model = drafter, model
@@ -33,15 +33,17 @@ class MoARunner:
         z = lambda: torch.zeros(max_slots, c.heads, hd, device=model.device)  # noqa: E731
         self.ca_k, self.ca_v, self.sa_k, self.sa_v = z(), z(), z(), z()
         self.n = 0   # verified positions ingested
+        self._anchor = None   # (final, n, its projection): the round's anchor term less the depth row
         self.step_s = None   # seconds of one drafter step (an EMA the MoA method keeps)
         self.info: dict = {}
         self.max_slots = max_slots
         if native is None:
             native = model.device.type == "cpu" and native_lib.library() is not None
         d = drafter
-        self.native = MoAStep([d.tok_in.weight, d.sa_norm, d.sa_qkv.weight, d.sa_out.weight, d.ca_norm, d.ca_q.weight,
-                               d.ca_sink, d.ca_out.weight, d.mlp_norm, d.w_gate_up.weight, d.w_down.weight,
-                               d.out_norm, d.out.weight, d.inv_freq], c.hidden, c.d, c.heads, c.mlp) if native else None
+        self.native = MoAKernel([d.tok_in.weight, d.sa_norm, d.sa_qkv.weight, d.sa_out.weight, d.ca_norm,
+                                 d.ca_q.weight, d.ca_sink, d.ca_out.weight, d.mlp_norm, d.w_gate_up.weight,
+                                 d.w_down.weight, d.out_norm, d.out.weight, d.inv_freq, d.ca_kv.weight],
+                                c.hidden, c.d, c.heads, c.mlp, c.lsa_dim) if native else None
 
     def twin(self) -> "MoARunner":
         """A runner of its own state on the same drafter: one per batch slot, as each slot's calls decode apart."""
@@ -55,7 +57,7 @@ class MoARunner:
         return self.drafter.cfg.tli
 
     def reset(self) -> None:
-        self.n = 0
+        self.n, self._anchor = 0, None
 
     @torch.inference_mode()
     def sync(self, cache, committed: list) -> None:
@@ -67,12 +69,17 @@ class MoARunner:
             self.n = m
             return
         d, dev = self.drafter, self.model.device
-        pos = torch.arange(n, m, device=dev)
-        kv = cache.data[:, :, :, n:m, :]                              # [L, 2, KV, t, hd]
-        kv = kv.permute(3, 0, 1, 2, 4).reshape(m - n, d.cfg.n_layers, -1).float()   # [t, L, E]
-        self.ca_k[n:m], self.ca_v[n:m] = d.ca_keys(d.lsa_features(kv), pos)
+        # without LSA the features read the last layer only: copy just that one
+        kv = cache.data[:, :, :, n:m, :] if d.cfg.lsa else cache.data[-1:, :, :, n:m, :]   # [L', 2, KV, t, hd]
+        kv = kv.permute(3, 0, 1, 2, 4).reshape(m - n, kv.shape[0], -1).float()          # [t, L', E]
+        feats = d.lsa_features(kv)
         emb = self.model.embed_rows(torch.tensor(committed[n:m], device=dev)).float()
-        _, _, self.sa_k[n:m], self.sa_v[n:m] = d.sa_kv(emb, pos)
+        if self.native is not None:
+            self.native.ingest(feats, emb, n, self.ca_k, self.ca_v, self.sa_k, self.sa_v)
+        else:
+            pos = torch.arange(n, m, device=dev)
+            self.ca_k[n:m], self.ca_v[n:m] = d.ca_keys(feats, pos)
+            _, _, self.sa_k[n:m], self.sa_v[n:m] = d.sa_kv(emb, pos)
         self.n = m
 
     @torch.inference_mode()
@@ -83,9 +90,13 @@ class MoARunner:
         d, dev, n = self.drafter, self.model.device, self.n
         pos = torch.tensor([p], device=dev)
         emb = self.model.embed_rows(torch.tensor([token], device=dev)).float()
-        anchor = d.anchor(final.float(), pos - (n - 1)) if d.cfg.anchor else None
+        anchor = None
+        if d.cfg.anchor:   # its projection once a round (the chain's steps share ``final``), a depth row a step
+            if self._anchor is None or self._anchor[0] is not final or self._anchor[1] != n:
+                self._anchor = (final, n, d.anchor_base(final.float()))
+            anchor = self._anchor[2] + d.depth_emb[min(p - n, d.cfg.max_offset - 1)]
         if self.native is not None:
-            return self.native(emb, p, n, self.sa_k, self.sa_v, self.ca_k, self.ca_v, anchor).to(self.model.dtype)
+            return self.native.step(emb, p, n, self.sa_k, self.sa_v, self.ca_k, self.ca_v, anchor).to(self.model.dtype)
         x, q, k, v = d.sa_kv(emb, pos)
         self.sa_k[p], self.sa_v[p] = k[0], v[0]
         sa = F.scaled_dot_product_attention(q.transpose(0, 1), self.sa_k[: p + 1].transpose(0, 1),

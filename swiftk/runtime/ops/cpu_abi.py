@@ -27,8 +27,9 @@ SIGNATURES = {
     "swk_greedy_path": (I64, [P, I64, I64, P, P, P, P]),
     # cpu_ngram.cpp: the corpus n-gram chain
     "swk_ngram_propose": (INT, [P, P, INT, INT, P, INT, INT, P, INT, DBL, P, P]),
-    # cpu_moa.cpp: one MoA draft step
+    # cpu_moa.cpp: one MoA draft step, a round's catch-up
     "swk_moa_step": (INT, [P, P, P, I64, I64, P, P, P, P, P, P]),
+    "swk_moa_ingest": (INT, [P, P, P, P, I64, I64, P, P, P, P]),
     # cpu_kv.cpp: the KV cache commit
     "swk_kv_commit": (INT, [P, I64, I64, I64, P, P, I64]),
     # cpu_quant.cpp: GGUF blocks with float32 activations, and the dispatch to cpu_qdot (SWK_Q_INT8_ACT)
