@@ -103,7 +103,6 @@ class Engine:
         self.slots = SlotPool(self.model, self.cache, max_context + SCRATCH)   # batch slots; slot 0's is self.cache
         if persist is None:  # SWIFTK_PERSIST=0 turns persistence off by default (tests, benchmarks)
             persist = os.environ.get("SWIFTK_PERSIST", "1") != "0" and bool(self.identity.get("fingerprint"))
-        self.persist = bool(persist)
         self.states = LearnedStates(self.config.n_layers, opt_cfg, self.identity, state_file(
             self.identity, self.device, self.dtype, self.model.weights, self.model.activations) if persist else None,
             self.target)
@@ -137,6 +136,11 @@ class Engine:
         return self.calls.default_method
 
     # ------------------------------------------------------------------ the learned state
+    @property
+    def persist(self) -> bool:
+        """Whether the learned state and the cost model are kept in ``$SWIFTK_HOME/state`` (fixed at load)."""
+        return self.states.path is not None
+
     @property
     def state(self) -> LearnedState:
         """The learned state of SWIFT (the default method), the one that persists."""

@@ -78,8 +78,9 @@ def test_runner_equals_training_forward(eng, anchor, lsa, native):
         cache.reset()
         cache.advance(n)
         r.sync(cache, ids)
+        f = final[n - 1:n]             # one object for the chain, as a round hands it: its projection is shared
         for q in range(n, p + 1):      # the chain n..p with the true tokens
-            out = r.step(ids[q], q, final[n - 1:n])
+            out = r.step(ids[q], q, f)
         with torch.no_grad():
             ref = d.forward_train(emb[None], kv[None], torch.full((1, T), p - n + 1), final[None])[0, p]
         torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
@@ -395,3 +396,5 @@ def test_native_kernels_refuse_what_they_cannot_read(eng):
     assert r.twin().native is r.native   # one weight copy for every batch slot's runner
     with pytest.raises(SwiftkError, match="14 weight tensors"):
         MoAKernel(k.weights[:14], eng.config.hidden_size, 32, 2, 64, 16)
+    with pytest.raises(SwiftkError, match="weight 14 has 1024 values, the dims say 256"):
+        MoAKernel(k.weights, eng.config.hidden_size, 32, 2, 64, 4)   # ca_kv [64, 16] read as [64, 4]

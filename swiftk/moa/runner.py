@@ -94,7 +94,7 @@ class MoARunner:
         if d.cfg.anchor:   # its projection once a round (the chain's steps share ``final``), a depth row a step
             if self._anchor is None or self._anchor[0] is not final or self._anchor[1] != n:
                 self._anchor = (final, n, d.anchor_base(final.float()))
-            anchor = self._anchor[2] + d.depth_emb[min(p - n, d.cfg.max_offset - 1)]
+            anchor = self._anchor[2] + d.depth_emb[max(0, min(p - n, d.cfg.max_offset - 1))]
         if self.native is not None:
             return self.native.step(emb, p, n, self.sa_k, self.sa_v, self.ca_k, self.ca_v, anchor).to(self.model.dtype)
         x, q, k, v = d.sa_kv(emb, pos)

@@ -16,8 +16,8 @@ N_WEIGHTS = 15   # cpu_moa.cpp's weight list: tok_in .. out, inv_freq, then ca_k
 
 def _state(tensors, rows: int, width: int) -> None:
     for t in tensors:
-        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.shape[0] < rows or \
-                t[0].numel() != width:
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous() or t.dim() < 2 or \
+                t.shape[0] < rows or t.numel() != t.shape[0] * width:
             raise SwiftkError(f"MoA kernel: state tensors must be contiguous float32 CPU tensors [>= {rows}, {width}]")
 
 
@@ -33,6 +33,13 @@ class MoAKernel:
         kept: the library reads them by address)."""
         if len(weights) != N_WEIGHTS:
             raise SwiftkError(f"MoA kernel: {len(weights)} weight tensors, the kernel takes {N_WEIGHTS}")
+        D, m, a = hidden, mlp, lsa_dim
+        sizes = (d * D, d, 3 * d * d, d * d, d, d * d, 2 * d, d * d, d, 2 * m * d, d * m, d, D * d,
+                 d // heads // 2, 2 * d * a)   # cpu_moa.cpp's order: the kernel reads exactly these
+        bad = [i for i, (w, n) in enumerate(zip(weights, sizes)) if w.numel() != n]
+        if bad:
+            raise SwiftkError(f"MoA kernel: weight {bad[0]} has {weights[bad[0]].numel()} values, the dims say "
+                              f"{sizes[bad[0]]}")
         self.lib = native.library()
         if self.lib is None:
             raise SwiftkError("MoA kernel: the CPU kernel library is not loaded")
