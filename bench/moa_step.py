@@ -61,16 +61,17 @@ def main(argv=None) -> int:
     # the anchor's input where the drafter has one: a final-normed hidden state, as the verify pass hands it over
     final = model.ops.rmsnorm(model.forward(torch.tensor([5]), pos, pos, cache, start=n,
                                             capture_layer=model.cfg.n_layers)[1], model.norm, model.cfg.rms_eps)
+    base = runner.anchor_base(final)   # once a round: the chain's steps share it
 
     def body():
-        runner.step(100, n, final)
+        runner.step(100, n, base)
 
     # its torch twin (op by op), on a state of its own caught up alike: the kernel's gain, side by side
     twin = MoARunner(runner.drafter, model, runner.max_slots, native=False)
     twin.sync(cache, committed)
 
     def body_torch():
-        twin.step(100, n, final)
+        twin.step(100, n, base)
 
     # a round's catch-up: the state of the positions a round verified (MoARunner.sync), kernel and torch twin
     def catchup():
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
         twin.n = n - a.catch_up
         twin.sync(cache, committed)
 
-    h = runner.step(100, n, final)
+    h = runner.step(100, n, base)
 
     def head_():
         model.logits_of(h, head.logits_subset)
@@ -92,8 +93,9 @@ def main(argv=None) -> int:
         torch.topk(torch.softmax(lg, -1), 4)[1].tolist()
 
     def chain():
+        b = runner.anchor_base(final)
         for j in range(3):
-            x = runner.step(100, n + j, final)
+            x = runner.step(100, n + j, b)
             torch.topk(torch.softmax(model.logits_of(x, head.logits_subset)[0], -1), 4)[1].tolist()
 
     fns = {"decode": (decode, threads), **{f"{k}@{th}": (f, th) for k, f in

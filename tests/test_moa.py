@@ -78,14 +78,14 @@ def test_runner_equals_training_forward(eng, anchor, lsa, native):
         cache.reset()
         cache.advance(n)
         r.sync(cache, ids)
-        f = final[n - 1:n]             # one object for the chain, as a round hands it: its projection is shared
+        base = r.anchor_base(final[n - 1:n])   # once for the chain, as a round computes it
         for q in range(n, p + 1):      # the chain n..p with the true tokens
-            out = r.step(ids[q], q, f)
+            out = r.step(ids[q], q, base)
         with torch.no_grad():
             ref = d.forward_train(emb[None], kv[None], torch.full((1, T), p - n + 1), final[None])[0, p]
         torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
     if anchor:   # and the anchor is read: another final state changes the draft
-        assert not torch.allclose(r.step(ids[p], p, final[0:1]), out)
+        assert not torch.allclose(r.step(ids[p], p, r.anchor_base(final[0:1])), out)
 
 
 def test_file_round_trip_and_bad_files(eng, tmp_path):

@@ -33,7 +33,6 @@ class MoARunner:
         z = lambda: torch.zeros(max_slots, c.heads, hd, device=model.device)  # noqa: E731
         self.ca_k, self.ca_v, self.sa_k, self.sa_v = z(), z(), z(), z()
         self.n = 0   # verified positions ingested
-        self._anchor = None   # (final, n, its projection): the round's anchor term less the depth row
         self.step_s = None   # seconds of one drafter step (an EMA the MoA method keeps)
         self.info: dict = {}
         self.max_slots = max_slots
@@ -57,7 +56,7 @@ class MoARunner:
         return self.drafter.cfg.tli
 
     def reset(self) -> None:
-        self.n, self._anchor = 0, None
+        self.n = 0
 
     @torch.inference_mode()
     def sync(self, cache, committed: list) -> None:
@@ -83,18 +82,20 @@ class MoARunner:
         self.n = m
 
     @torch.inference_mode()
-    def step(self, token: int, p: int, final=None) -> torch.Tensor:
+    def anchor_base(self, final) -> Optional[torch.Tensor]:
+        """A round's anchor term less its depth row (its chain's steps share it), from the target's final-normed
+        hidden state ``final`` [1, hidden] at position n - 1; None for a drafter without the anchor."""
+        return self.drafter.anchor_base(final.float()) if self.drafter.cfg.anchor else None
+
+    @torch.inference_mode()
+    def step(self, token: int, p: int, anchor_base=None) -> torch.Tensor:
         """One drafter step for ``token`` at position p >= n (its SA K/V go to scratch position p) -> the predicted
-        activation entering target layer L - TLI, [1, hidden]. ``final``: the target's final-normed hidden state
-        [1, hidden] at position n - 1 (the anchor; needed where the drafter has one)."""
+        activation entering target layer L - TLI, [1, hidden]. ``anchor_base``: the round's :meth:`anchor_base`
+        (needed where the drafter has the anchor)."""
         d, dev, n = self.drafter, self.model.device, self.n
         pos = torch.tensor([p], device=dev)
         emb = self.model.embed_rows(torch.tensor([token], device=dev)).float()
-        anchor = None
-        if d.cfg.anchor:   # its projection once a round (the chain's steps share ``final``), a depth row a step
-            if self._anchor is None or self._anchor[0] is not final or self._anchor[1] != n:
-                self._anchor = (final, n, d.anchor_base(final.float()))
-            anchor = self._anchor[2] + d.depth_emb[max(0, min(p - n, d.cfg.max_offset - 1))]
+        anchor = None if not d.cfg.anchor else anchor_base + d.depth_emb[max(0, min(p - n, d.cfg.max_offset - 1))]
         if self.native is not None:
             return self.native.step(emb, p, n, self.sa_k, self.sa_v, self.ca_k, self.ca_v, anchor).to(self.model.dtype)
         x, q, k, v = d.sa_kv(emb, pos)
@@ -113,7 +114,7 @@ def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int,
     N layers finish each step, writing their KV for the chain into the scratch slots (verification overwrites
     them). ``head``: a proposers.draft_head.DraftHead; a greedy draft ranks its rows only (no vocabulary-long
     vector a step), a sampled one scores the rest -inf, as the target's noise is per vocabulary id. ``final``: the
-    anchor's input (MoARunner.step)."""
+    anchor's input (MoARunner.anchor_base)."""
     threads = torch.get_num_threads()
     # a drafter step is ~100 tiny torch ops: a second OpenMP thread adds only its wake-up and spin (a 3-step chain
     # on 2 Zen 3 cores: 5.8 -> 4.1 ms a step); the target's passes get the threads back
@@ -128,6 +129,7 @@ def moa_draft(model, cache, runner: MoARunner, committed: list, root_token: int,
 def _draft(model, cache, runner, committed, root_token, sampler, gate, calibrate, step_s, max_draft, max_spine,
            topk_bins, head, rejection, final) -> list:
     runner.sync(cache, committed)
+    base = None if final is None else runner.anchor_base(final)
     n, L, dev = cache.length, model.cfg.n_layers, model.device
     pos = torch.empty(1, dtype=torch.long, device=dev)
     subset = head is not None and sampler.greedy
@@ -136,7 +138,7 @@ def _draft(model, cache, runner, committed, root_token, sampler, gate, calibrate
 
     def step(token: int, j: int) -> tuple:
         p = n + j
-        h = runner.step(token, p, final)
+        h = runner.step(token, p, base)
         if runner.tli:
             pos.fill_(p)
             return model.forward_from(L - runner.tli, h, pos, pos, cache, head=head)[0], None
