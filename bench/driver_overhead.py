@@ -23,7 +23,7 @@ def bare(eng, req):
     """The call decoded by the loop the engine ran before the scheduler drove every call."""
     from swiftk.decoding.passes import autoregressive
 
-    with eng.hold():
+    with eng.calls.hold():
         call = eng.calls.open_call(req, 0)
         try:
             if not req.method.speculative:

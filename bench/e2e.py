@@ -274,7 +274,7 @@ def new_state(eng, method, skip_set_file=None):
         return eng.new_state(), {"history": False}
     st = eng.new_state()
     if skip_set_file is not None:
-        st.use(eng.read_skip_set(skip_set_file))
+        st.use(eng.states.read_skip_set(skip_set_file))
     return st, {}
 
 
@@ -736,7 +736,7 @@ def _tune(eng, items, max_new, passes, path) -> dict:
         if st.optimizer.done:
             break
     wall = time.perf_counter() - t
-    eng.save_skip_set(path, st.skip_set, matchness=st.optimizer.best_matchness)
+    eng.states.save_skip_set(path, st.skip_set, matchness=st.optimizer.best_matchness)
     score = st.optimizer.best_matchness
     return {"file": str(path), "wall_time_s": wall, "optimization_steps": st.optimizer.steps,
             "best_matchness": score if score is not None and score >= 0 else None, "optimization_done": st.optimizer.done,

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     eng = swiftk.load(a.model, device=a.device, dtype=a.dtype)
     m, cache, dev = eng.model, eng.cache, eng.device
     L = eng.config.n_layers
-    budget = a.budget or eng.auto_tree_budget()
+    budget = a.budget or eng.costs.budget()
     ids = eng.tokenizer.encode("def quicksort(xs):\n    \"\"\"Sort a list of integers.\"\"\"\n")
     P = len(ids)
     sampler = Sampler(SamplingParams(0.0).validate(), dev)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     sk = torch.zeros(2 * L, dtype=torch.bool)
     sk[2 * a.boundary::3] = True  # every third sublayer from the boundary on, last layer kept
     sk[-2:] = False
-    cases = [(f"early exit E={e}", eng.early_exit_skip_set(e)) for e in sorted({L // 2, (3 * L) // 4})]
+    cases = [(f"early exit E={e}", eng.states.early_exit(e)) for e in sorted({L // 2, (3 * L) // 4})]
     cases.append((f"layer skip ({int(sk.sum())} sublayers)", sk))
     print(f"# {a.model} on {dev}, {a.dtype}; tree budget {budget}; {a.repeats} interleaved repeats; times in ms")
     print(f"{'draft':<26} {'nodes':>5} {'spine':>5} {'f':>3} {'plain':>8} {'kvq':>8} {'kvq/plain':>9}")

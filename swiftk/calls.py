@@ -1,10 +1,13 @@
-"""From a user's arguments to a call's result: :class:`Calls` checks a request once, opens a call on a batch slot
-(its KV cache, learned state, sink, Session and Decoder) and closes it into a result. It is what the scheduler
-drives (scheduler.CallHost); the engine builds one and owns it. Methods are objects (methods.py) that see the
+"""From a user's arguments to a call's result: :class:`Calls` checks a request once, hands requests to a scheduler
+(:meth:`Calls.decode`: the one road of every call, a lone ``generate`` being a batch of one), opens a call on a
+batch slot (its KV cache, learned state, sink, Session and Decoder) and closes it into a result. It is what the
+scheduler drives (scheduler.CallHost), and it holds the lock that gives one caller at a time the slots' KV caches
+and the learned states. The engine builds one and owns it. Methods are objects (methods.py) that see the
 :class:`~swiftk.target.Target`, never the engine: no method has a branch here.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Callable, Optional, Sequence
@@ -23,7 +26,8 @@ from .options import DecodeConfig, split_options, updated
 from .proposers import FREE, free_sources
 from .proposers.datastore import CorpusTables
 from .proposers.user import check_proposers
-from .requests import Call, Request, SlotPool
+from .requests import Call, Request, SlotPool, check_max_batch
+from .scheduler import Scheduler
 from .target import Target
 
 
@@ -34,6 +38,8 @@ class Calls:
         prefix_cache=True (reuse asked for, not the default's "where exact")."""
         self.target, self.model, self.slots, self.states = target, target.model, slots, states
         self.decode_config, self.prefix_asked, self.corpus = decode_config, prefix_asked, corpus
+        self.lock = threading.RLock()
+        self._busy, self._owner = False, None   # a caller holds the KV caches (see hold)
 
     @property
     def default_method(self) -> str:
@@ -78,6 +84,58 @@ class Calls:
                        fixed=fixed, state=state, proposers=proposers, reuse_ok=reuse_ok, exit_layer=exit_layer,
                        callback=callback, progress=progress, cancel=threading.Event() if _cancel is None else _cancel,
                        logprobs=lp, grammar=self._grammar_state(grammar, sp, cfg))
+
+    def decode(self, reqs: Sequence[Request], max_batch: int) -> list:
+        """The results of ``reqs`` (from :meth:`request`), decoded by one scheduler with ``max_batch`` slots. A call
+        that fails raises after the others finish (the first such error, unchanged); an interrupt ends every call
+        and propagates."""
+        check_max_batch(max_batch)
+        bad = [r for r in reqs if not isinstance(r, Request)]
+        if bad:
+            raise SwiftkError(f"decode takes Requests (eng.calls.request(...)), got {type(bad[0]).__name__}")
+        out: list = [None] * len(reqs)
+        errors: list = []
+        with self.hold():
+            sched = Scheduler(self, max_batch, whole_prompts=max_batch == 1)
+            for i, r in enumerate(reqs):
+                sched.submit(r, lambda res, err, i=i: errors.append(err) if err is not None else out.__setitem__(i, res))
+            try:
+                sched.run_until_idle()
+            except BaseException as e:   # Ctrl-C mid-round: every call ends (its progress bar, its slot's record)
+                sched.cancel_all(e)
+                raise
+        if errors:
+            raise errors[0]
+        return out
+
+    def decode_many(self, prompts: Sequence, max_batch: int, **kw) -> list:
+        """Engine.generate_many: every prompt checked before any decodes, KV caches made for the calls there are."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise SwiftkError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if "callback" in kw or "_cancel" in kw or kw.get("progress"):
+            raise SwiftkError("generate_many takes no callback or progress (one call's options); use generate")
+        max_batch = check_max_batch(max_batch)
+        reqs = [self.request(p, **kw) for p in prompts]
+        max_batch = max(1, min(max_batch, len(reqs)))   # KV caches for the calls there are, not for the cap
+        self.slots.reserve(max_batch, f"generate_many of {len(reqs)} prompt(s) at max_batch={max_batch}")
+        return self.decode(reqs, max_batch)
+
+    @contextlib.contextmanager
+    def hold(self):
+        """The KV caches and learned states for one caller's rounds: other threads wait; a call from inside them (a
+        callback calling back into the engine) would reset a KV cache under it, so it is refused."""
+        with self.lock:
+            self.refuse_reentry()
+            self._busy, self._owner = True, threading.get_ident()
+            try:
+                yield
+            finally:
+                self._busy, self._owner = False, None
+
+    def refuse_reentry(self) -> None:
+        if self._busy and self._owner == threading.get_ident():
+            raise SwiftkError("this engine is decoding: a callback cannot call back into the same engine "
+                              "(use another engine, or collect the text and call after generate returns)")
 
     def _grammar_state(self, grammar, sp, cfg):
         """A call's own state of ``grammar`` (None without one), its tokenizer view built once per target."""

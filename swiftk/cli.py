@@ -256,13 +256,13 @@ def _generate(a) -> int:
     if a.method == "static":
         extra["skip_set"] = a.skip_set
     elif a.skip_set:
-        eng.load_skip_set(a.skip_set)
+        eng.states.load_skip_set(a.skip_set)
     stream = None if a.json else (lambda piece: print(piece, end="", flush=True))
     out = eng.generate(prompt, max_new_tokens=a.max_new_tokens, method=a.method, temperature=a.temperature,
                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=a.stop, chat=a.chat, callback=stream,
                        progress=a.json and sys.stderr.isatty(), exit_layer=a.exit_layer, **extra, **decode_kw)
     if a.save_skip_set:
-        eng.save_skip_set(a.save_skip_set)
+        eng.states.save_skip_set(a.save_skip_set)
     if a.json:
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                           "stats": out.stats.to_dict()}, indent=1))
@@ -289,7 +289,7 @@ def _optimize(a) -> int:
                            chat=a.chat, state_path=state, seed=a.seed)
     best = search.run(progress=sys.stderr.isatty())
     path = search.write(a.out, best)
-    s = eng.read_skip_set(path)
+    s = eng.states.read_skip_set(path)
     print(f"{path}: {int(s.sum())} of {s.numel()} sublayers skipped; {best['tokens_per_s']:.1f} tok/s, "
           f"M={best['M']:.2f}, alpha={best['alpha']:.2f} on {len(prompts)} prompt(s) "
           f"(best of {len(search.history)}; state in {state})")

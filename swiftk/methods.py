@@ -37,7 +37,7 @@ class Method:
             raise SwiftkError(f"skip_set is an option of the layer-skip methods, not {self.name!r}")
         if optimize:
             raise SwiftkError("skip_set=... decodes with that set without optimizing; to keep optimizing from it "
-                              "use engine.load_skip_set(path, optimize=True)")
+                              "use engine.states.load_skip_set(path, optimize=True)")
         return skipset.coerce(skip_set, n_layers, identity)
 
     def state_key(self, fixed) -> Optional[object]:

@@ -5,7 +5,7 @@ wants: measured tokens/s of self-speculative greedy generation on calibration pr
 Bayesian optimization (``bayesian-optimization``: GP + UCB) runs over one coordinate in [0, 1] per skippable
 sublayer; a coordinate > 0.5 skips that sublayer. The first ``n_init`` points are random. Every evaluated point is
 appended to a state file (written atomically), so an interrupted search resumes where it stopped; the best set
-found is written in the same JSON format as ``Engine.save_skip_set`` and is used with ``method="static"``.
+found is written in the same JSON format as ``LearnedStates.save_skip_set`` and is used with ``method="static"``.
 An application of the engine beside the CLI (it decodes with ``Engine.generate``), not a draft source.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ class OfflineSearch:
 
         rng = np.random.default_rng(self.seed + len(self.history))
         self.eng.generate(self.ids[0], max_new_tokens=4, method="autoregressive")  # warm-up, budget measurement
-        self.eng.auto_tree_budget()
+        self.eng.costs.budget()
         bar = tqdm(total=self.iterations, initial=min(len(self.history), self.iterations), unit="set",
                    disable=not progress, desc="skip-set search")
         while len(self.history) < self.iterations:
@@ -158,9 +158,9 @@ class OfflineSearch:
         return max(self.history, key=lambda h: h["tokens_per_s"])
 
     def write(self, out_path, best: Optional[dict] = None) -> Path:
-        """The best set as a skip-set file (Engine.save_skip_set format + the search's numbers)."""
+        """The best set as a skip-set file (LearnedStates.save_skip_set format + the search's numbers)."""
         best = best or self.best()
-        self.eng.save_skip_set(out_path, self.mask(best["x"]), source="self-sd offline search",
+        self.eng.states.save_skip_set(out_path, self.mask(best["x"]), source="self-sd offline search",
                                objective={"tokens_per_s": best["tokens_per_s"], "M": best["M"], "alpha": best["alpha"],
                                           "iterations": len(self.history), "prompts": len(self.ids),
                                           "max_new_tokens": self.max_new})

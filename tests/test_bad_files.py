@@ -224,7 +224,7 @@ def test_cli_skip_set_run_is_not_persisted(tmp_path, tiny4):
     home = tmp_path / "home"
     sk = tmp_path / "skip.json"
     eng = swiftk.load(str(tiny4), persist=False)
-    eng.save_skip_set(str(sk))
+    eng.states.save_skip_set(str(sk))
     out = _cli("generate", "w1 w2", "-n", "3", "--model", str(tiny4), "--skip-set", str(sk), home=home)
     assert out.returncode == 0, out.stderr[-2000:]
     assert not list((home / "state").glob("*.json")) if (home / "state").exists() else True
@@ -291,7 +291,7 @@ def test_api_misuse_found_by_the_sweep(tmp_path, tiny4):
     with pytest.raises(SwiftkError, match="callback is an option of generate"):
         list(eng.stream("w1", max_new_tokens=2, callback=print))
     with pytest.raises(SwiftkError, match="is a directory"):
-        eng.save_skip_set(str(tmp_path))
+        eng.states.save_skip_set(str(tmp_path))
     # a callback that streams from its own engine would wait forever for the engine it holds
     with pytest.raises(SwiftkError, match="cannot call back into the same engine"):
         eng.generate("w1 w2", max_new_tokens=4, method="autoregressive",
@@ -455,13 +455,13 @@ def test_misspelt_skip_set_keys_are_refused(tmp_path, tiny4):
     with pytest.raises(SwiftkError, match="skip_set: unknown key\\(s\\) 'attn'"):
         eng.generate("w1", max_new_tokens=2, method="static", skip_set={"attn": [1]})
     f = tmp_path / "s.json"
-    eng.save_skip_set(str(f), skip_set=skipset.from_layers(4, [1], []))
+    eng.states.save_skip_set(str(f), skip_set=skipset.from_layers(4, [1], []))
     data = json.loads(f.read_text())
     f.write_text(json.dumps({**data, "mlps": [2]}))
     with pytest.raises(SwiftkError, match="unknown key\\(s\\) 'mlps'"):
-        eng.read_skip_set(str(f))
+        eng.states.read_skip_set(str(f))
     with pytest.raises(SwiftkError, match="save_skip_set: unknown key\\(s\\) 'note'"):
-        eng.save_skip_set(str(tmp_path / "t.json"), note="x")
+        eng.states.save_skip_set(str(tmp_path / "t.json"), note="x")
 
 
 @pytest.mark.parametrize("body, param", [

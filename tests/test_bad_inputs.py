@@ -462,7 +462,7 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(smo
     import io
     import swiftk
     eng = swiftk.load(str(smollm2_path), persist=False, datastore=False)
-    limit = eng.prompt_char_limit
+    limit = eng.target.prompt_char_limit
     assert limit == eng.max_context * eng.tokenizer.max_token_bytes
     encoded = []
     monkeypatch.setattr(type(eng.tokenizer), "encode", lambda self, *a, **k: encoded.append(1) or [1])

@@ -122,7 +122,7 @@ def test_stops_and_lengths_leave_the_batch_mid_way(eng):
     want = [eng.generate(p, max_new_tokens=n, method="autoregressive", stop=["\n\n"] if i % 2 else ())
             for i, (p, n) in enumerate(zip(PROMPTS, lens))]
     got: dict = {}
-    with eng.hold():
+    with eng.calls.hold():
         s = Scheduler(eng.calls, 4)
         for i, r in enumerate(reqs):
             s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))
@@ -166,7 +166,7 @@ def test_a_failing_or_cancelled_call_leaves_the_others_unchanged(eng):
             eng.calls.request(PROMPTS[1], max_new_tokens=30, callback=cb, _cancel=cancel),
             eng.calls.request(PROMPTS[2], max_new_tokens=30), eng.calls.request(PROMPTS[3], max_new_tokens=30)]
     got: dict = {}
-    with eng.hold():
+    with eng.calls.hold():
         s = Scheduler(eng.calls, 4)
         for i, r in enumerate(reqs):
             s.submit(r, lambda res, err, i=i: got.__setitem__(i, (res, err)))

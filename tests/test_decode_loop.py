@@ -152,7 +152,7 @@ class _Costs(CostModel):
 
 def test_gate_takes_plain_steps_when_no_draft_can_pay(eng):
     ref = ar(eng, n=64)
-    eng.costs = _Costs(eng.model, verify=50.0, draft=5.0)
+    eng.target.costs = _Costs(eng.model, verify=50.0, draft=5.0)
     # free sources off: nodes riding on drafted rounds can make them measure faster than plain on this tiny
     # model whatever the fake cost model says (the gate trusts measured rates)
     out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True, ngram=False, history=False,
@@ -167,12 +167,12 @@ def test_skip_set_search_runs_only_where_a_done_search_could_pay(eng):
     """A search step costs a matchness pass over a window: where even a set accepted at the search's stopping
     point (max_matchness) would not beat plain decoding, no step runs (small models on CPU blocks)."""
     ref = ar(eng, n=48)
-    eng.costs = _Costs(eng.model, verify=3.0, draft=0.7)     # at 0.95 acceptance the best chain gives < 1.0
+    eng.target.costs = _Costs(eng.model, verify=3.0, draft=0.7)     # at 0.95 acceptance the best chain gives < 1.0
     assert eng.costs.expected_rate(0.95, 0.7) < 1.0 <= eng.costs.expected_rate(1.0, 0.05)
     out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0), ngram=False, history=False,
                        recycle=False, datastore=False)
     assert out.token_ids == ref and out.stats.optimization_steps == 0 and out.stats.time_optimize_s == 0
-    eng.costs = _Costs(eng.model, verify=1.0, draft=0.05)    # cheap drafts: the search runs (a call that saved
+    eng.target.costs = _Costs(eng.model, verify=1.0, draft=0.05)    # cheap drafts: the search runs (a call that saved
     # nothing may spend its whole time on it here: call_budget=1)
     out = eng.generate(PROMPT, max_new_tokens=48, state=eng.new_state(opt_budget=1.0, call_budget=1.0), ngram=False,
                        history=False, recycle=False, datastore=False)
@@ -181,7 +181,7 @@ def test_skip_set_search_runs_only_where_a_done_search_could_pay(eng):
 
 def test_gate_drafts_when_drafting_is_free(eng):
     ref = ar(eng, n=64)
-    eng.costs = _Costs(eng.model, verify=1.0, draft=0.01)
+    eng.target.costs = _Costs(eng.model, verify=1.0, draft=0.01)
     out = eng.generate(PROMPT, max_new_tokens=64, optimize=False, trace=True)
     assert out.token_ids == ref
     # every round drafts (the first one is the plain step that measures a step) and, verification being free,
@@ -289,7 +289,7 @@ def test_rows_pair_only_where_the_int8_kernel_runs_pairs(eng, monkeypatch, isa, 
 def test_the_prior_slope_is_this_machines(eng):
     """A CPU engine prices trees from its own step and 8-token pass, timed at load (a 2-3x pessimistic prior seals
     itself: the gate never tries the sizes it overprices); the timing leaves the cache empty."""
-    from swiftk.decoding.passes import timed_passes
+    from swiftk.target.costs import timed_passes
 
     step, pass8 = timed_passes(eng.model, eng.cache, 8, context=16, reps=1)
     assert 0 < step and 0 < pass8 and eng.cache.length == 0
@@ -361,7 +361,7 @@ def test_a_running_search_drafts_only_with_a_set_expected_to_pay(eng, monkeypatc
     """While the search runs, the incumbent's measured matchness decides: no measurement yet or one predicting
     less than plain speed -> no layer drafts; a paying one -> drafts. Output unchanged either way."""
     ref = ar(eng, n=48)
-    eng.costs = _Costs(eng.model, verify=1.0, draft=0.2)
+    eng.target.costs = _Costs(eng.model, verify=1.0, draft=0.2)
     eng.reset_optimizer(context_window=120)   # > the tokens generated: no optimization step changes the incumbent
     eng.optimizer.best_matchness = matchness
     calls = []
@@ -408,8 +408,8 @@ def test_abandoned_stream_cancels_and_leaves_the_engine_usable(eng):
     it = eng.stream(PROMPT, max_new_tokens=200)
     next(it)
     it.close()  # the consumer walks away
-    assert eng._lock.acquire(timeout=60)  # the worker finished (cancelled), the engine is free
-    eng._lock.release()
+    assert eng.calls.lock.acquire(timeout=60)  # the worker finished (cancelled), the engine is free
+    eng.calls.lock.release()
     assert eng.generate(PROMPT, max_new_tokens=16).token_ids == ar(eng, n=16)
 
 
@@ -419,7 +419,7 @@ def test_persisted_state_round_trip_corrupt_and_foreign(tiny_dir, tmp_path, monk
     e1.generate(PROMPT, max_new_tokens=32)
     path = e1.states.path
     assert path.is_file() and path.parent == tmp_path / "state"
-    e1.state.skip_set = e1.skip_set_from_layers(attention=[2], mlp=[3])
+    e1.state.skip_set = e1.states.from_layers(attention=[2], mlp=[3])
     e1.generate(PROMPT, max_new_tokens=8, optimize=False)
     e2 = swiftk.load(str(tiny_dir), persist=True)
     assert torch.equal(e2.skip_set, e1.skip_set) and e2.state.tokens_seen == e1.state.tokens_seen
@@ -474,7 +474,7 @@ def test_no_search_where_even_full_acceptance_cannot_pay(eng, verify, draft, sea
     for k + 2 steps, slower than plain decoding, so the skip-set search never spends a step; with cheap drafts and
     verify passes it searches as before. The output is the same."""
     ref = ar(eng, n=64)
-    eng.costs = _Costs(eng.model, verify=verify, draft=draft)
+    eng.target.costs = _Costs(eng.model, verify=verify, draft=draft)
     eng.reset_optimizer(context_window=8, opt_budget=1.0, call_budget=1.0)
     out = eng.generate(PROMPT, max_new_tokens=64, ngram=False, history=False, recycle=False, datastore=False)
     assert out.token_ids == ref
@@ -734,7 +734,7 @@ def test_the_reference_method_reads_and_writes_nothing_learned(eng):
 def test_decode_checks_its_arguments(eng):
     req = eng.calls.request(PROMPT, max_new_tokens=4)
     with pytest.raises(SwiftkError, match="max_batch"):
-        eng.decode([req], 0)   # no slot: the scheduler would never admit it
+        eng.calls.decode([req], 0)   # no slot: the scheduler would never admit it
     with pytest.raises(SwiftkError, match="Requests"):
-        eng.decode([PROMPT], 1)
-    assert eng.decode([req], 1)[0].token_ids == eng.generate(PROMPT, max_new_tokens=4).token_ids
+        eng.calls.decode([PROMPT], 1)
+    assert eng.calls.decode([req], 1)[0].token_ids == eng.generate(PROMPT, max_new_tokens=4).token_ids

@@ -110,7 +110,7 @@ def test_reduced_head_and_short_window_stay_lossless(tiny_dir, draft_dir):
     restarts the draft on the last tokens of a long context: drafts change, the output does not."""
     ref = swiftk.load(str(tiny_dir), persist=False)
     eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), draft_vocab=16, speculate="always")
-    runner = eng.resource("draft_model")
+    runner = eng.target.resource("draft_model")
     assert runner.head is not None and runner.n_base == 16
     runner.window = 4
     long = " ".join(f"w{3 + i % 7}" for i in range(30))
@@ -170,7 +170,7 @@ def test_a_new_prompt_restarts_the_draft_on_its_own_tail(tiny_dir, draft_dir, mo
     from swiftk.proposers.draft_model import DraftModel
 
     eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate="always")
-    runner = eng.resource("draft_model")
+    runner = eng.target.resource("draft_model")
     runner.window = 16
     first = " ".join(f"w{3 + i % 7}" for i in range(40))
     second = " ".join(f"w{20 + i % 5}" for i in range(30))
@@ -221,7 +221,7 @@ def test_a_repeated_prompt_reuses_what_the_draft_holds(tiny_dir, draft_dir):
     """The draft's cache from the call before is kept where it matches: the same prompt again feeds the draft its
     root only, not the prompt."""
     eng = swiftk.load(str(tiny_dir), persist=False, draft_model=str(draft_dir), speculate="always")
-    runner = eng.resource("draft_model")
+    runner = eng.target.resource("draft_model")
     fed, forward = [], runner.model.forward
     runner.model.forward = lambda ids, *a, **k: (fed.append(len(ids)), forward(ids, *a, **k))[1]
     p = " ".join(f"w{3 + i % 5}" for i in range(20))

@@ -48,7 +48,7 @@ def test_graphed_passes_equal_eager_passes(cuda_engines):
         cache.advance(n)
         pos = torch.tensor([n], device="cuda")
         step = m.forward(torch.tensor([ids[-1]], device="cuda"), pos, pos, cache, start=n)
-        skip = eng.skip_set_from_layers(attention=[3, 5, 7], mlp=[4, 6]).to("cuda")
+        skip = eng.states.from_layers(attention=[3, 5, 7], mlp=[4, 6]).to("cuda")
         draft = m.forward(torch.tensor([7], device="cuda"), pos, pos, cache, skip=skip, start=n)
         anc = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
                            dtype=torch.bool, device="cuda")

@@ -29,7 +29,7 @@ def test_graph_body_equals_the_eager_pass(eng, T, skip):
     m, cache = eng.model, eng.cache
     n = 37
     _prefill(eng, n)
-    skip = eng.skip_set_from_layers(attention=[1, 3], mlp=[2]) if skip else None
+    skip = eng.states.from_layers(attention=[1, 3], mlp=[2]) if skip else None
     g = torch.Generator().manual_seed(T)
     toks = torch.randint(3, eng.config.vocab_size, (T,), generator=g)
     anc = torch.eye(T, dtype=torch.bool)

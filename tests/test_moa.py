@@ -277,15 +277,15 @@ def test_gate_takes_plain_steps_when_the_drafter_cannot_pay(eng, tmp_path):
     save(tmp_path / "d.safetensors", _random_drafter(eng), eng.identity)
     load_drafter(eng.target, tmp_path / "d.safetensors")
     ref = eng.generate(_prompt(), max_new_tokens=48, method="autoregressive").token_ids
-    saved, eng.costs = eng.costs, Costs(eng.model)
+    saved, eng.target.costs = eng.costs, Costs(eng.model)
     try:
         out = eng.generate(_prompt(), max_new_tokens=48, method="moa", ngram=False, history=False,
                            recycle=False, datastore=False)
     finally:
-        eng.costs = saved
+        eng.target.costs = saved
     assert out.token_ids == ref
     assert out.stats.plain_steps >= 0.8 * 48 and out.stats.drafted_tokens <= 12
-    assert eng.resource("drafter").step_s is not None or out.stats.drafted_tokens == 0
+    assert eng.target.resource("drafter").step_s is not None or out.stats.drafted_tokens == 0
 
 
 def test_shipped_drafter_is_lossless_and_useful_on_real_weights(smollm2_path):

@@ -40,7 +40,7 @@ def eng(smollm2_path):
 @pytest.fixture(scope="module")
 def static_set(eng):
     """A fixed mixed skip set (what a Self-SD search could return): attention and MLP sublayers, boundary 3."""
-    return eng.skip_set_from_layers(attention=[3, 6, 9, 12, 15, 18, 21, 24, 27], mlp=[5, 10, 14, 19, 23, 26])
+    return eng.states.from_layers(attention=[3, 6, 9, 12, 15, 18, 21, 24, 27], mlp=[5, 10, 14, 19, 23, 26])
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_kvq_verify_skips_layers_below_boundary_for_drafted_spine(eng_f32, stati
     eng = eng_f32
     m, cache = eng.model, eng.cache
     L = eng.config.n_layers
-    skip = eng.early_exit_skip_set(L // 2) if mode == "early_exit" else static_set
+    skip = eng.states.early_exit(L // 2) if mode == "early_exit" else static_set
     f = kvq_boundary(skip)
     assert f == (L // 2 if mode == "early_exit" else 3)
     ids = eng.tokenizer.encode(PROMPTS[0])
@@ -158,7 +158,7 @@ def test_mode_argument_errors(eng, static_set, tmp_path):
 
 def test_skip_set_file_errors(eng, tmp_path):
     good = tmp_path / "good.json"
-    eng.save_skip_set(good)
+    eng.states.save_skip_set(good)
     assert good.stat().st_mode & 0o044  # readable by others, not mkstemp's 0600
     data = json.loads(good.read_text())
     cases = {
@@ -173,11 +173,11 @@ def test_skip_set_file_errors(eng, tmp_path):
         p = tmp_path / f"{name}.json"
         p.write_text(text)
         with pytest.raises(SwiftkError, match=msg):
-            eng.read_skip_set(p)
+            eng.states.read_skip_set(p)
         with pytest.raises(SwiftkError, match=msg):
             eng.generate("hi", max_new_tokens=2, method="static", skip_set=str(p))
     with pytest.raises(SwiftkError, match="cannot read skip set"):
-        eng.read_skip_set(tmp_path / "missing.json")
+        eng.states.read_skip_set(tmp_path / "missing.json")
 
 
 # ---------------------------------------------------------------- swiftk optimize on a tiny model
@@ -196,7 +196,7 @@ def test_swiftk_optimize_cli_writes_a_loadable_set_and_resumes(tiny_dir, tmp_pat
     assert len(state["history"]) == 4 and data["objective"]["iterations"] == 4
     assert data["objective"]["tokens_per_s"] == max(h["tokens_per_s"] for h in state["history"])
     eng = swiftk.load(str(tiny_dir))
-    s = eng.read_skip_set(out)
+    s = eng.states.read_skip_set(out)
     assert s.shape == (12,) and not s[:2].any() and not s[-2:].any()
     # the file drives method="static", and swiftk generate --method static accepts it
     r = eng.generate("w3 w4 w5", max_new_tokens=8, method="static", skip_set=str(out))

@@ -327,7 +327,7 @@ def test_every_method_is_lossless_on_int8_activations(smollm2_path):
 
     eng = swiftk.load("smollm2-135m", persist=False)   # by registry name: the shipped MoA drafter is found
     assert eng.info()["activations"] == "int8"
-    skip = eng.skip_set_from_layers(attention=[4, 9, 14, 19, 24], mlp=[6, 12, 18])
+    skip = eng.states.from_layers(attention=[4, 9, 14, 19, 24], mlp=[6, 12, 18])
     prompts = ["def is_prime(n):\n", "Write a short story about a robot learning to paint.",
                "import numpy as np\n\ndef softmax(x):\n"]
     rounds: dict = {}

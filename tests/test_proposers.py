@@ -78,7 +78,7 @@ def _free_off():
 
 def test_an_oracle_proposer_is_accepted_and_output_is_unchanged(eng):
     ref = eng.generate(PROMPT, max_new_tokens=N, method="autoregressive")
-    eng.costs = PinnedCosts(eng.model)
+    eng.target.costs = PinnedCosts(eng.model)
     oracle = Oracle(ref.prompt_ids + ref.token_ids)
     for method in ("ngram", "swift"):
         out = eng.generate(PROMPT, max_new_tokens=N, method=method, proposers=[oracle], **_free_off())

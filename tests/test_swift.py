@@ -195,13 +195,13 @@ def test_save_and_load_skip_set(eng, tmp_path):
     s[[3, 6, 9, 20]] = True
     eng.skip_set = s
     path = tmp_path / "skip.json"
-    eng.save_skip_set(path)
+    eng.states.save_skip_set(path)
     eng.reset_optimizer()
-    eng.load_skip_set(path)
+    eng.states.load_skip_set(path)
     assert torch.equal(eng.skip_set, s) and eng.optimizer.done
     out = eng.generate("x = 1", max_new_tokens=8)
     assert out.stats["skip_set"] == {"attention": [3, 10], "mlp": [1, 4]}
     bad = tmp_path / "bad.json"
     bad.write_text('{"n_layers": 3, "model": {"name": "other"}}')
     with pytest.raises(swiftk.SwiftkError, match="skip set"):
-        eng.load_skip_set(bad)
+        eng.states.load_skip_set(bad)

@@ -1026,8 +1026,8 @@ def api_cases() -> list:
     add("logits:str", "E().logits('abc')")
     add("logits:matches-generate", "import torch\nids = E().encode_prompt(PROMPT)\nlg = E().logits(ids)\n"
         "res = ('correct' if int(lg[-1].argmax()) == REF()[0] else 'silently wrong', f'argmax {int(lg[-1].argmax())} vs {REF()[0]}')")
-    add("save_skip_set:dir", "E().save_skip_set('/')")
-    add("save_skip_set:missing-dir", "E().save_skip_set('/nonexistent/x.json')")
+    add("save_skip_set:dir", "E().states.save_skip_set('/')")
+    add("save_skip_set:missing-dir", "E().states.save_skip_set('/nonexistent/x.json')")
     add("read_skip_set:garbage", "open('s.json','w').write('{\"attention\": NaN}')\nE().read_skip_set('s.json')")
     add("use_corpus:wrong", "E().use_corpus([1,2,3])")
     add("module-generate:bad-model", "swiftk.generate('x', model='/nonexistent.gguf')")

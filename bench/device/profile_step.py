@@ -60,7 +60,7 @@ def main() -> None:
     pos = torch.tensor([n], device="cuda")
     tok = ids[-1:]
     L = eng.config.n_layers
-    skip = eng.skip_set_from_layers(attention=list(range(2, L - 1, 2)), mlp=list(range(3, L - 1, 2))).to("cuda")
+    skip = eng.states.from_layers(attention=list(range(2, L - 1, 2)), mlp=list(range(3, L - 1, 2))).to("cuda")
     rows = {}
     graphs = m.graphs
     for mode in ("eager", "graphs"):
@@ -75,7 +75,7 @@ def main() -> None:
             rows[f"{mode} verify T={T}"] = timed(lambda: m.forward(toks, p, p, cache, attn_mask=mask))
     m.graphs = graphs
     # What a new skip set costs the first time (warm-up pass + capture), against an eager draft step.
-    skip2 = eng.skip_set_from_layers(attention=list(range(1, L - 1, 3)), mlp=list(range(2, L - 1, 3))).to("cuda")
+    skip2 = eng.states.from_layers(attention=list(range(1, L - 1, 3)), mlp=list(range(2, L - 1, 3))).to("cuda")
     torch.cuda.synchronize()
     t = time.perf_counter()
     m.forward(tok, pos, pos, cache, skip=skip2, start=n)

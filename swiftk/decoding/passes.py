@@ -74,27 +74,6 @@ def step_logits(model, cache, token: int, sampler: Sampler) -> tuple:
     return sampler.pick(logits[0], n + 1), logits
 
 
-def timed_passes(model, cache, T: int = 8, context: int = 256, reps: int = 3) -> tuple:
-    """Seconds of a one-token step and of a T-token pass (each the best of ``reps``, after one untimed pass of
-    each that also pages the weights in) after ``context`` cached slots (what is in them does not change the
-    cost); the cache is left empty. The cost model's first figures on an engine (CostModel.calibrate)."""
-    dev = model.device
-    ids = torch.arange(T, device=dev) % model.cfg.vocab_size
-    P = max(0, min(context, cache.max_slots - T))
-    best = [float("inf"), float("inf")]
-    for r in range(reps + 1):
-        for j, n in enumerate((1, T)):
-            cache.reset()
-            cache.advance(P)
-            pos = torch.arange(P, P + n, device=dev)
-            t = time.perf_counter()
-            model.forward(ids[:n], pos, pos, cache)
-            if r:
-                best[j] = min(best[j], time.perf_counter() - t)
-    cache.reset()
-    return best[0], best[1]
-
-
 def autoregressive(model, cache, prompt_ids: list, sampler: Sampler, sink: TokenSink, reuse: int = 0) -> DecodeStats:
     """Plain decoding: prefill (the first ``reuse`` slots kept, see :func:`prefill`), then one target forward per
     token."""

@@ -20,7 +20,8 @@ from typing import Callable, Optional
 import torch
 
 from ..atomic import write_json_atomic
-from ..options import OptimizerConfig
+from ..files import check_output_path
+from ..options import OptimizerConfig, option_names, split_options, updated
 from ..errors import SwiftkError, warn
 from ..files import read_json
 from ..home import swiftk_home
@@ -28,6 +29,7 @@ from ..proposers.suffix import OutputHistory
 from ..proposers.layerskip.search import SkipSetOptimizer
 from ..proposers.base import Estimates, calibration_bin, new_calibration  # noqa: F401
 from ..proposers.recycle import SuccessorTable
+from ..runtime import skipset
 
 STATE_VERSION = 3
 
@@ -193,6 +195,14 @@ class LearnedStates:
     def new(self, cfg: OptimizerConfig) -> LearnedState:
         return LearnedState(self.n_layers, cfg)
 
+    def reset(self, optimizer_options: dict) -> None:
+        """Forget what SWIFT's state learned: the uniform skip set and a fresh optimizer (with these options)."""
+        dec, _ = split_options(optimizer_options)   # unknown names raise
+        if dec:
+            raise SwiftkError(f"{', '.join(sorted(dec))}: decode option(s), give them to generate(), not "
+                              "reset_optimizer()")
+        self.main = self.new(updated(self.main.cfg, optimizer_options))
+
     def of(self, key) -> LearnedState:
         """The state of a method's key (None: SWIFT's, ``main``)."""
         if key is None:
@@ -219,3 +229,33 @@ class LearnedStates:
             if not self._warned:
                 self._warned = True
                 warn(f"swiftk: cannot save the decoding state ({e}); continuing without")
+
+    # ------------------------------------------------------------------ skip sets, as files and by layer
+    def save_skip_set(self, path, skip_set: Optional[torch.Tensor] = None, **extra) -> None:
+        """``skip_set`` (default: SWIFT's incumbent, with its matchness) to a JSON file tied to this model."""
+        check_output_path(path, "skip-set file")
+        if skip_set is None:
+            skip_set = self.main.skip_set
+            extra.setdefault("matchness", self.main.optimizer.best_matchness)
+        skipset.save(path, skip_set, self.identity, **extra)
+
+    def read_skip_set(self, path) -> torch.Tensor:
+        return skipset.read(path, self.identity, self.n_layers)
+
+    def load_skip_set(self, path, optimize: bool = False) -> None:
+        """Use a saved skip set in SWIFT's state; by default stop optimizing (the acceleration phase starts at once)."""
+        self.main.use(self.read_skip_set(path), optimize=optimize)
+
+    def from_layers(self, attention, mlp) -> torch.Tensor:
+        """A skip set [2L] from the attention and MLP layers to skip (static drafts: ``generate(skip_set=)``)."""
+        return skipset.from_layers(self.n_layers, attention, mlp)
+
+    def early_exit(self, exit_layer: int) -> torch.Tensor:
+        return skipset.early_exit(self.n_layers, exit_layer)
+
+    def info(self) -> dict:
+        o = self.main.optimizer
+        return {"optimizer_config": {k: getattr(self.main.cfg, k) for k in sorted(option_names(OptimizerConfig))},
+                "state": {"skip_set": skipset.to_layers(self.main.skip_set), "tokens_seen": self.main.tokens_seen,
+                          "optimization_steps": o.steps, "optimization_done": o.done,
+                          "best_matchness": o.best_matchness, "file": str(self.path) if self.path else None}}

@@ -60,7 +60,7 @@ class Server:
             raise SwiftkError("history_scope='key' needs at least one API key (--api-key)")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
             raise SwiftkError(f"queue_size must be an int >= 0, got {queue_size!r}")
-        max_batch = check_max_batch(engine.default_max_batch if max_batch is None else max_batch)
+        max_batch = check_max_batch(engine.slots.default_max_batch() if max_batch is None else max_batch)
         if any(not isinstance(k, str) or not k or k != k.strip() for k in api_keys):
             raise SwiftkError("an API key must be a non-empty string without surrounding spaces")
         self.allowed_origins = check_origins(allowed_origins)
@@ -76,7 +76,7 @@ class Server:
             raise SwiftkError(f"{', '.join(sorted(opt))}: optimizer options belong to the engine (swiftk.load)")
         cfg = updated(engine.decode_config, split)   # a bad decode option fails here, not on every request
         if m.speculative:   # the method's own checks and what it builds once, here rather than in every request
-            m.prepare(engine, cfg)
+            m.prepare(engine.target, cfg)
         if history_scope == "key" and split.get("prefix_cache") is True:
             raise SwiftkError("prefix_cache=True with history_scope='key': a key's prefill time would show what its "
                               "prompt shares with another key's conversation")

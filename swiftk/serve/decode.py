@@ -83,7 +83,7 @@ class DecodeThread:
             if not self.sched.wait_for_work(0.5):
                 continue
             try:
-                with self.engine.hold():   # the engine's KV caches are the batch's for the round
+                with self.engine.calls.hold():   # the engine's KV caches are the batch's for the round
                     self.sched.step()
             except Exception:  # noqa: BLE001 - the scheduler fails requests, not itself; log anything else
                 log.exception("swiftk serve: decode round failed")

@@ -16,7 +16,9 @@ import torch
 from ..errors import SwiftkError
 from ..loading.tokenizer import Tokenizer
 from ..runtime.config import ModelConfig
-from ..runtime.model import Model
+from ..runtime.model import KERNEL_MAX_ROWS, Model
+from ..runtime.ops import cpu_layers, cpu_linear, describe
+from ..runtime.weights import weight_pages
 from .costs import CostModel
 
 
@@ -59,6 +61,23 @@ class Target:
         with self._lock:
             self._resources[key] = value
 
+    def info(self) -> dict:
+        """What runs: the model, its arithmetic and weights, the kernels, the cost model, the drafters loaded."""
+        m, dt = self.model, str(self.dtype).replace("torch.", "")
+        fused = m.fused_ok and cpu_layers.fused_active()
+        return {"model": self.identity, "config": self.config.to_dict(), "device": str(self.device), "dtype": dt,
+                "weights": m.weights, "activations": m.activations or dt, "arithmetic": m.arithmetic(),
+                "parameters": m.n_params(), "weight_bytes": m.weight_bytes(),
+                "resident_weight_bytes": m.resident_bytes(),
+                "weight_pages": weight_pages(m), "weight_formats": m.formats(), "max_context": self.max_context,
+                "backends": describe(self.device),
+                "linear": cpu_linear.status() if self.device.type == "cpu" else "torch matmul",
+                "layer_loop": (f"fused C loop (kernels/cpu/cpu_decode.cpp), passes of <= {KERNEL_MAX_ROWS} tokens "
+                               "(longer causal prefills in passes of that size)" if fused else "torch, op by op"),
+                "costs": self.costs.to_dict(), "drafter": getattr(self.resource("drafter"), "info", None),
+                "draft_model": getattr(self.resource("draft_model"), "info", None),
+                "cuda_graphs": m.graphs.info() if m.graphs is not None else None}
+
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt, chat: bool = False, tools: Optional[list] = None) -> list:
         """Token ids of a prompt: ids as given, a text, or (``chat``) messages in the chat template, which shows
@@ -87,6 +106,18 @@ class Target:
             ids = self.tokenizer.encode(prompt)
         if not prompt or not ids:
             raise SwiftkError("prompt is empty")
+        return ids
+
+    def check_sequence(self, token_ids) -> list:
+        """``token_ids`` as a list, refused unless non-empty ids of the vocabulary that fit the context."""
+        ids, V = list(token_ids), self.config.vocab_size
+        if not ids:
+            raise SwiftkError("token_ids is empty")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V]
+        if bad:
+            raise SwiftkError(f"token id {bad[0]!r} is not an int in [0, {V})")
+        if len(ids) > self.max_context:
+            raise SwiftkError(f"{len(ids)} tokens exceed the context ({self.max_context})")
         return ids
 
     @property

@@ -11,6 +11,7 @@ decoding/gate.py's :class:`Gate` turns it and the sources' acceptance estimates 
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import torch
@@ -103,7 +104,7 @@ class CostModel:
             self.overhead += _EMA * (o - self.overhead)
 
     def calibrate(self, step_s: float, pass_s: float, T: int) -> None:
-        """The prior's slope from this machine's own step and T-token pass (decoding.passes.timed_passes, at
+        """The prior's slope from this machine's own step and T-token pass (timed_passes, at
         load): the table of slopes measured elsewhere was off by 2-3x here (AVX-512 VNNI: 0.07-0.1 against the
         AVX2 prior of 0.2), and a pessimistic figure seals itself -- the gate never tries the sizes it overprices.
         Timed at a short context, it errs on the cheap side, which the passes it invites correct."""
@@ -243,3 +244,23 @@ class LinearFit:
         a = (self.y - b * self.t) / self.w
         return (a, b) if b > 0 and a + b * self.t / self.w > 0 else None
 
+
+def timed_passes(model, cache, T: int = 8, context: int = 256, reps: int = 3) -> tuple:
+    """Seconds of a one-token step and of a T-token pass (each the best of ``reps``, after one untimed pass of
+    each that also pages the weights in) after ``context`` cached slots (what is in them does not change the
+    cost); the cache is left empty. The cost model's first figures on an engine (CostModel.calibrate)."""
+    dev = model.device
+    ids = torch.arange(T, device=dev) % model.cfg.vocab_size
+    P = max(0, min(context, cache.max_slots - T))
+    best = [float("inf"), float("inf")]
+    for r in range(reps + 1):
+        for j, n in enumerate((1, T)):
+            cache.reset()
+            cache.advance(P)
+            pos = torch.arange(P, P + n, device=dev)
+            t = time.perf_counter()
+            model.forward(ids[:n], pos, pos, cache)
+            if r:
+                best[j] = min(best[j], time.perf_counter() - t)
+    cache.reset()
+    return best[0], best[1]
