@@ -50,13 +50,12 @@ def _path_and_bonus(on_path: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.T
     return path.to(on_path.device), int(packed[-1])
 
 
-def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor,
-                  anc: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, int]:
+def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Longest root-to-node path whose every non-root token is the target argmax at its parent.
 
     ``target``: logits/probs [N, V] or argmax ids [N]. Returns (path: LongTensor of node indices root..last
-    accepted, bonus: the target argmax at the last path node). Among equally deep accepted nodes (only possible
-    with duplicate sibling tokens) the lowest index wins. One host sync.
+    accepted, on ``parents``' device; bonus: the target argmax at the last path node). Among equally deep accepted
+    nodes (only possible with duplicate sibling tokens) the lowest index wins. One host sync (the N argmax ids).
     """
     n = _check_parents(parents)
     if tokens.shape != (n,):
@@ -67,30 +66,15 @@ def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Ten
         top = target
     else:
         raise SwiftkError(f"target must be [N={n}, V] logits/probs or [N] argmax ids, got {tuple(target.shape)}")
-    if top.device.type == "cpu":   # a walk over N <= 64 host ints beats a dozen tiny tensor ops (~0.5 ms)
-        path, bonus = _greedy_walk(parents.tolist(), tokens.tolist(), top.tolist())
-        return torch.tensor(path, dtype=torch.long, device=parents.device), bonus
-    return _greedy_on_device(parents, tokens, top, anc)
-
-
-def _greedy_on_device(parents, tokens, top, anc=None) -> tuple[torch.Tensor, int]:
-    """accept_greedy in tensor ops and one host sync (on a GPU, per-node host work would wait on the device)."""
-    n = parents.shape[0]
-    if anc is None:
-        anc = ancestor_matrix(parents)
-    match = tokens.long() == top.long()[parents.long().clamp_min(0)]
-    match[0] = True  # the root is already committed to
-    ok = ~(anc & ~match[None, :]).any(dim=1)
-    idx = torch.arange(n, device=parents.device)
-    score = torch.where(ok, (anc.sum(dim=1) - 1) * n + (n - 1 - idx), torch.full_like(idx, -1))
-    best = score.argmax()
-    return _path_and_bonus(anc[best], top[best])
+    path, bonus = _greedy_walk(parents.tolist(), tokens.tolist(), top.tolist())
+    return torch.tensor(path, dtype=torch.long, device=parents.device), bonus
 
 
 def _greedy_walk(par: list, tok: list, top: list) -> tuple[list, int]:
-    """accept_greedy on host lists, answered as (accepted nodes root..last, bonus): a node is accepted when its
-    parent was and its token is the parent's argmax; the deepest accepted node wins, the lowest index among equally
-    deep ones (as the tensor version)."""
+    """The greedy rule on host lists (kernels/cpu/cpu_topk.cpp's ``swk_greedy_path`` is its native twin), answered
+    as (accepted nodes root..last, bonus): a node is accepted when its parent was and its token is the parent's
+    argmax; the deepest accepted node wins, the lowest index among equally deep ones. Over N <= 64 host ints it
+    beats tensor ops (~0.5 ms), and on a GPU it costs the one sync that fetching the argmax ids costs anyway."""
     ok, depth, best = [True] + [False] * (len(par) - 1), [0] * len(par), 0
     for i in range(1, len(par)):
         p = par[i]
@@ -213,16 +197,14 @@ def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str
     if draft_probs_rule == "rejection":
         return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
                                generator=generator)
-    if target.device.type == "cpu" and target.dim() == 2 and target.shape[0] == tree.size:
-        nodes, bonus = accept_nodes(tree, target)
-        return torch.tensor(nodes, dtype=torch.long), bonus
-    return accept_greedy(tree.parents, tree.tokens, target, anc=tree.mask.ancestors)
+    nodes, bonus = accept_nodes(tree, target)
+    return torch.tensor(nodes, dtype=torch.long, device=tree.parents.device), bonus
 
 
 def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
     """accept_tree's greedy rule on CPU scores [N, V] as host values (accepted node indices root..last, bonus): the
     decode loop's form, which makes no tensor. One C call where the CPU library is loaded (it reduces only the rows
-    of accepted nodes), else argmax rows and the host walk."""
+    of accepted nodes), else argmax rows (on the scores' device) and the host walk."""
     if target.dim() != 2 or target.shape[0] != tree.size:
         raise SwiftkError(f"target must be [N={tree.size}, V] scores, got {tuple(target.shape)}")
     got = greedy_path(target.contiguous(), tree.host_parents, tree.host_tokens)
