@@ -75,7 +75,7 @@ CHILD = textwrap.dedent(r"""
 
 def build(rev: str, opt: str, root: Path) -> tuple:
     """(install folder, compile seconds) of kernels/cpu at ``rev`` ("WORKTREE": the files on disk) built with ``opt``."""
-    from swiftk.runtime.ops import kernel_id, native
+    from swiftk.runtime.ops import kernel_id, native, native_build
 
     src = root / "src"
     if rev == "WORKTREE":
@@ -98,7 +98,7 @@ def build(rev: str, opt: str, root: Path) -> tuple:
     # the manifest names the worktree's sources: the loader accepts the library whatever revision it came from
     (out / "manifest.json").write_text(json.dumps({
         "sources": native.sources_digest(), "cpu": kernel_id.cpu_id(),
-        "variants": {"native": {"file": lib.name, **native._digest(lib)}}}))
+        "variants": {"native": {"file": lib.name, **native_build.digest(lib)}}}))
     return out, secs
 
 

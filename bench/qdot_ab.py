@@ -25,13 +25,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "Q4_1:576x960,Q4_1:576x576,Q4_1:576x3072,Q4_1:1536x576"
 SMOLLM2_HEAD = "Q8_0:576x49152"
+FLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-std=c++17", "-pipe"]
 
 
 def _build(rev: str, out: Path, opt: str = "-O3") -> ctypes.CDLL:
     """The int8-activation kernels of git revision ``rev`` ("WORKTREE": the files on disk): cpu_qdot*.cpp (one file
-    before the K formats got units of their own), the pool and every header, built with FLAGS."""
-    from swiftk.runtime.ops.native import FLAGS
-
+    before the K formats got units of their own), the pool and every header, built with FLAGS (by hand, not CMake: old revisions predate it)."""
     src = out / rev.replace("/", "_").replace("~", "_")
     src.mkdir(parents=True)
     if rev == "WORKTREE":

@@ -6,6 +6,8 @@ Arms, one server at a time, each fresh per phase, in alternated order per repeti
   llama         ``llama-server -np CLIENTS -fa on`` (bench/native_llamacpp.py builds it once), plain
   llama-<spec>  the same with ``--spec-type ngram-simple`` / ``ngram-mod`` (llama.cpp's draft-free speculation)
   inproc        swiftk ``generate`` in this process, one prompt after another (1 client only): what serving costs
+  swiftk-a      with ``--a-src DIR``: ``swiftk serve`` from another checkout's Python on this checkout's kernel
+                library, for a before/after of a change to the Python layers (``--no-llama`` leaves the peers out)
 
 A phase: CLIENTS threads take the prompts (by default held-out HumanEval completions and chat questions, mixed;
 ``--workloads`` picks others: ``edit`` requests, MT-Bench turn-1 questions, one workload per run) from one queue
@@ -31,9 +33,11 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 SPECS = ("ngram-simple", "ngram-mod")
 WORKLOADS = ("humaneval", "chat", "edit", "mtbench")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
@@ -61,11 +65,11 @@ def _wait_ready(proc, url: str, limit: float = 600) -> None:
 class Server:
     """One server process on a free port; ``stop`` ends it (SIGTERM, then kill)."""
 
-    def __init__(self, argv: list, env=None):
+    def __init__(self, argv: list, env=None, cwd=None):
         self.port = _free_port()
         self.argv = [a.replace("{port}", str(self.port)) for a in argv]
         self.proc = subprocess.Popen(self.argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, cwd=cwd)
         self.url = f"http://127.0.0.1:{self.port}"
         try:
             _wait_ready(self.proc, self.url)
@@ -83,10 +87,22 @@ class Server:
                 self.proc.wait()
 
 
-def swiftk_server(model: str, threads: int) -> Server:
-    return Server([sys.executable, "-m", "swiftk.cli", "serve", "--model", model, "--port", "{port}",
-                   "--served-model-name", "m", "--log-level", "warning"],
-                  env={"SWIFTK_PERSIST": "0", "OMP_NUM_THREADS": str(threads)})
+def swiftk_server(model: str, threads: int, src: Optional[Path] = None) -> Server:
+    """``swiftk serve``, or with ``src`` another checkout's: its Python (first on the path) on this checkout's
+    kernel library, as bench/checkout_ab.py runs it, so that only the Python differs."""
+    args = ["serve", "--model", model, "--port", "{port}", "--served-model-name", "m", "--log-level", "warning"]
+    env = {"SWIFTK_PERSIST": "0", "OMP_NUM_THREADS": str(threads)}
+    if src is None:
+        return Server([sys.executable, "-m", "swiftk.cli", *args], env=env)
+    return Server([sys.executable, "-c", SERVE_FROM, str(ROOT / "swiftk" / "_native"), str(src), *args],
+                  env={**env, "PYTHONPATH": str(src)}, cwd=str(src))
+
+
+SERVE_FROM = (
+    "import sys\nfrom pathlib import Path\nfrom swiftk.runtime.ops import native\n"
+    "native.INSTALLED = Path(sys.argv.pop(1))\nsrc = Path(sys.argv.pop(1)).resolve()\nimport swiftk\n"
+    "assert Path(swiftk.__file__).resolve().parent.parent == src, swiftk.__file__\n"
+    "from swiftk.cli import main\nraise SystemExit(main(sys.argv[1:]))\n")
 
 
 def llama_server(gguf: Path, clients: int, threads: int, spec: str = "none") -> Server:
@@ -188,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="odd: the median is a run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--specs", default=",".join(SPECS), help="llama-server --spec-type arms besides plain")
+    ap.add_argument("--a-src", default=None, help="also serve from this checkout (arm swiftk-a): a before/after")
+    ap.add_argument("--no-llama", action="store_true", help="leave llama-server's arms out")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
     if a.reps < 1 or a.reps % 2 == 0:
@@ -205,7 +223,8 @@ def main(argv=None) -> int:
     from bench.native_llamacpp import build_info, ensure
     from swiftk.loading.registry import resolve_model
 
-    ensure()
+    if not a.no_llama:
+        ensure()
     gguf = resolve_model(a.model)
     eng = swiftk.load(a.model, persist=False)
     prompts = build_prompts(eng, workloads, a.n, a.n, a.max_tokens, a.skip, a.skip_mtbench)
@@ -217,7 +236,8 @@ def main(argv=None) -> int:
         kw = dict(max_new_tokens=a.max_tokens, prefix_cache=False)
         p = [{"role": "user", "content": it["text"]}] if it["chat"] else it["text"]
         ref[it["id"]] = eng.generate(p, method="autoregressive", chat=it["chat"], **kw).text
-    arms = ["swiftk", "llama", *(f"llama-{s}" for s in a.specs.split(",") if s)]
+    arms = ["swiftk", *(["swiftk-a"] if a.a_src else []),
+            *([] if a.no_llama else ["llama", *(f"llama-{s}" for s in a.specs.split(",") if s)])]
     gb = [round(read_bandwidth(), 1)]
     results: dict = {}
     llama_ref: dict = {}
@@ -233,16 +253,17 @@ def main(argv=None) -> int:
                                           state=st).token_ids)
                 results.setdefault((c, "inproc"), []).append({"tok_s": n / (time.perf_counter() - t0)})
             for arm in order:
-                srv = swiftk_server(a.model, a.threads) if arm == "swiftk" else llama_server(
-                    gguf, c, a.threads, "none" if arm == "llama" else arm[len("llama-"):])
+                srv = swiftk_server(a.model, a.threads, Path(a.a_src) if arm == "swiftk-a" else None) \
+                    if arm.startswith("swiftk") else llama_server(gguf, c, a.threads,
+                                                                  "none" if arm == "llama" else arm[len("llama-"):])
                 try:
                     phase(srv.url, items[:1], 1, 8)   # warm: weights paged in, first-request setup
                     ph = phase(srv.url, items, c, a.max_tokens)
                 finally:
                     srv.stop()
-                if arm != "swiftk" and c == 1 and rep == 0:
+                if arm.startswith("llama") and c == 1 and rep == 0:
                     llama_ref[arm] = {r["id"]: r["text"] for r in ph["requests"]}
-                s = summarize(ph, ref if arm == "swiftk" else llama_ref.get(arm, {}))
+                s = summarize(ph, ref if arm.startswith("swiftk") else llama_ref.get(arm, {}))
                 results.setdefault((c, arm), []).append(s)
                 print(f"clients {c} rep {rep + 1}/{a.reps} {arm:18s} {s['tok_s']:7.1f} tok/s  p50 lat "
                       f"{s['latency_p50_s']:.2f}s  p99 ttft {s['ttft_p99_s']:.2f}s  equal {_equal([s])}"
@@ -266,10 +287,16 @@ def main(argv=None) -> int:
                      f"{r.get('errors', '')} |")
     for c in clients:
         sw = next(r for r in table if r["clients"] == c and r["arm"] == "swiftk")
-        best = max((r for r in table if r["clients"] == c and r["arm"].startswith("llama")),
-                   key=lambda r: r["tok_s_median"])
-        lines.append(f"\n{c} client(s): swiftk serve / best llama-server ({best['arm']}) = "
-                     f"{sw['tok_s_median'] / best['tok_s_median']:.2f}x")
+        peers = [r for r in table if r["clients"] == c and r["arm"].startswith("llama")]
+        if peers:
+            best = max(peers, key=lambda r: r["tok_s_median"])
+            lines.append(f"\n{c} client(s): swiftk serve / best llama-server ({best['arm']}) = "
+                         f"{sw['tok_s_median'] / best['tok_s_median']:.2f}x")
+        old = next((r for r in table if r["clients"] == c and r["arm"] == "swiftk-a"), None)
+        if old:
+            per = [round(x / y, 3) for x, y in zip(sw["tok_s"], old["tok_s"])]
+            lines.append(f"\n{c} client(s): swiftk serve / swiftk-a ({a.a_src}) = "
+                         f"{sw['tok_s_median'] / old['tok_s_median']:.3f}x (per repetition {per})")
         if c == 1:
             ip = next(r for r in table if r["clients"] == 1 and r["arm"] == "inproc")
             lines.append(f"1 client: swiftk serve / in-process generate = {sw['tok_s_median'] / ip['tok_s_median']:.2f}x")
@@ -282,7 +309,7 @@ def main(argv=None) -> int:
     md = "\n".join(lines)
     print(md)
     meta = {"args": vars(a), "machine": {**machine_info("cpu", a.threads), "read_gb_s": gb}, "gguf": str(gguf),
-            "llamacpp": build_info(gguf, a.threads)}
+            "llamacpp": None if a.no_llama else build_info(gguf, a.threads)}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

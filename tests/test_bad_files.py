@@ -327,7 +327,7 @@ from swiftk.proposers.datastore import Datastore
 from swiftk.errors import SwiftkError
 from swiftk.moa import model as moa_model
 from pathlib import Path
-from swiftk.runtime.ops import native
+from swiftk.runtime.ops import native_build
 path = sys.argv[1]
 calls = {"read_bytes": lambda: files.read_bytes(path), "read_text": lambda: files.read_text(path),
          "read_json": lambda: files.read_json(path), "skip set": lambda: skipset.read(path, {}, 4),
@@ -339,7 +339,7 @@ for name, call in calls.items():
         print(name, "READ")
     except SwiftkError as e:
         print(name, "refused:", e)
-why = native._verify(Path(path))   # a kernel library: not trusted, rebuilt
+why = native_build.verify(Path(path))   # a kernel library: not trusted, rebuilt
 print("kernel library", "refused:" if why else "TRUSTED", why)
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swiftk.runtime.ops import cpu_linear, native
+from swiftk.runtime.ops import cpu_linear, native, native_build
 
 CHECK = """
 import torch, warnings
@@ -66,9 +66,9 @@ def test_a_damaged_kernel_library_is_never_loaded(built, tmp_path, damage):
     cache = tmp_path / "kernels"
     shutil.copytree(built, cache, symlinks=True)
     (lib,) = cache.glob("swiftk_cpu-*.so")
-    assert native._verify(lib) is None
+    assert native_build.verify(lib) is None
     _damage(lib, damage)
-    assert native._verify(lib) is not None
+    assert native_build.verify(lib) is not None
 
 
 def test_a_damaged_kernel_library_is_rebuilt(built, tmp_path):
@@ -96,7 +96,7 @@ def _installed_copy(tmp_path, variants: list, cpu: str) -> Path:
     entries = {}
     for v in variants:
         (folder / f"swiftk_cpu-{v}.so").write_bytes(data)
-        entries[v] = {"file": f"swiftk_cpu-{v}.so", **native._digest(folder / f"swiftk_cpu-{v}.so")}
+        entries[v] = {"file": f"swiftk_cpu-{v}.so", **native_build.digest(folder / f"swiftk_cpu-{v}.so")}
     (folder / "manifest.json").write_text(json.dumps({"sources": native.sources_digest(), "cpu": cpu,
                                                       "variants": entries}))
     return folder
@@ -246,8 +246,9 @@ def test_force_pull_keeps_the_good_copy_until_the_new_one_is_verified(tmp_path, 
 
 
 def test_a_killed_build_leaves_no_compiler_running_and_a_later_load_sweeps_its_leftovers(tmp_path):
-    """SIGTERM to a process while its kernel build runs: the compiler dies with it (it is not left finishing a
-    library nobody waits for), and a half-built library whose writer is dead is removed by the next load."""
+    """SIGTERM to a process while its kernel build runs: the compiler (under CMake) dies with it (it is not left
+    finishing a library nobody waits for), and a build tree or half-built library whose writer is dead is removed by
+    the next load."""
     import signal
     import time
 
@@ -274,13 +275,14 @@ def test_a_killed_build_leaves_no_compiler_running_and_a_later_load_sweeps_its_l
         assert time.monotonic() < deadline, "the compiler outlived the process that started it"
         time.sleep(0.05)
     time.sleep(0.5)
+    native_build.sweep(home)   # what the next load does first: the dead writer's build tree goes
     assert not [f.name for f in home.glob(".*")]
     # a leftover of a dead writer (as a SIGKILL during the link leaves) and one of a live writer
     dead = home / f".swiftk_cpu-0123456789abcdef.{_dead_pid()}.1.so"
     live = home / f".swiftk_cpu-0123456789abcdef.{os.getppid()}.1.so"
     dead.write_bytes(b"half")
     live.write_bytes(b"half")
-    native.sweep(home)
+    native_build.sweep(home)
     assert not dead.exists() and live.exists()
 
 

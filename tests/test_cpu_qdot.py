@@ -201,17 +201,17 @@ def test_bad_operands_raise():
 
 # ---- the other ISA paths -------------------------------------------------------------------------------------------
 def _build(tmp_path, march):
-    from swiftk.runtime.ops import native
-    from swiftk.runtime.ops.native import FLAGS, source_path
+    """The int8 kernels' units alone, built by kernels/cpu/CMakeLists.txt with ``-march=march``."""
+    from swiftk.runtime.ops import native_build
 
-    cxx = shutil.which(os.environ.get("CXX") or "g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = native_build.compiler()
+    if cxx is None or native_build.cmake() is None:
+        pytest.skip("no C++ compiler or cmake")
     so = tmp_path / f"cpu_qdot_{march}.so"
-    flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    units = [n for n in native.SOURCES if n.startswith("cpu_qdot") or n == "cpu_pool.cpp"]
+    folder = native_build.source_path("CMakeLists.txt").parent
+    units = sorted(p.name for p in folder.glob("cpu_qdot*.cpp")) + ["cpu_pool.cpp"]
     try:
-        native.link(cxx, flags, [source_path(n) for n in units], so)   # units in parallel
+        native_build.build_library(so, cxx, "portable", f"-O3 -march={march}", units)
     except RuntimeError as e:
         if "unknown" in str(e) and march in str(e):
             pytest.skip(f"this compiler does not know -march={march}")

@@ -2,8 +2,6 @@
 on the dequantized weight, batch invariance, and bad operands raising SwiftkError."""
 import ctypes
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -143,16 +141,15 @@ def test_bad_operands_raise():
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])
 def test_other_paths(tmp_path, march):
     """The paths this host's -march=native build does not take: AVX2+FMA (haswell) and portable C++ (x86-64)."""
-    from swiftk.runtime.ops import native
-    from swiftk.runtime.ops.native import FLAGS, source_path
+    from swiftk.runtime.ops import native_build
 
-    cxx = shutil.which(os.environ.get("CXX") or "g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
+    cxx = native_build.compiler()
+    if cxx is None or native_build.cmake() is None:
+        pytest.skip("no C++ compiler or cmake")
     so = tmp_path / f"cpu_quant_{march}.so"
-    flags = [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
-    units = [n for n in native.SOURCES if n.startswith(("cpu_quant", "cpu_qdot")) or n == "cpu_pool.cpp"]
-    native.link(cxx, flags, [source_path(n) for n in units], so)
+    folder = native_build.source_path("CMakeLists.txt").parent
+    units = sorted(p.name for p in [*folder.glob("cpu_quant*.cpp"), *folder.glob("cpu_qdot*.cpp")]) + ["cpu_pool.cpp"]
+    native_build.build_library(so, cxx, "portable", f"-O3 -march={march}", units)
     lib = ctypes.CDLL(str(so))
     assert lib.swk_q_isa() == (256 if march == "haswell" else 0)
     lib.swk_q_dequant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from swiftk.runtime.ops import native
+from swiftk.runtime.ops import native, native_build
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def portable(tmp_path_factory):
                        text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lib = out / "swiftk_cpu-portable.so"
-    entry = {"file": lib.name, **native._digest(lib)}
+    entry = {"file": lib.name, **native_build.digest(lib)}
     (out / "manifest.json").write_text(json.dumps({"sources": native.sources_digest(), "cpu": "a build host",
                                                    "variants": {"portable": entry}}))
     return out
