@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -28,25 +30,33 @@ template <> struct Fmt<Q4_K> { static constexpr int BS = 256, TS = 144; };
 template <> struct Fmt<Q5_K> { static constexpr int BS = 256, TS = 176; };
 template <> struct Fmt<Q6_K> { static constexpr int BS = 256, TS = 210; };
 
-inline int block_size(int type) {
+// The one per-format table: a runtime type id to its format's template argument, f(integral_constant<int, T>);
+// -2 for a type this library does not read. Every per-format dispatch (sizes, de-quantization, the matmuls, the
+// int8 kernels' repacking) goes through it, so a new format is one case here plus its Fmt and kernels.
+template <class F>
+inline int by_type(int type, F&& f) {
   switch (type) {
-    case Q4_0: case Q4_1: case Q5_0: case Q8_0: return 32;
-    case Q4_K: case Q5_K: case Q6_K: return 256;
-    default: return -1;
+    case Q4_0: f(std::integral_constant<int, Q4_0>()); return 0;
+    case Q4_1: f(std::integral_constant<int, Q4_1>()); return 0;
+    case Q5_0: f(std::integral_constant<int, Q5_0>()); return 0;
+    case Q8_0: f(std::integral_constant<int, Q8_0>()); return 0;
+    case Q4_K: f(std::integral_constant<int, Q4_K>()); return 0;
+    case Q5_K: f(std::integral_constant<int, Q5_K>()); return 0;
+    case Q6_K: f(std::integral_constant<int, Q6_K>()); return 0;
+    default: return -2;
   }
 }
 
+inline int block_size(int type) {
+  int bs = -1;
+  by_type(type, [&](auto t) { bs = Fmt<decltype(t)::value>::BS; });
+  return bs;
+}
+
 inline int type_size(int type) {
-  switch (type) {
-    case Q4_0: return Fmt<Q4_0>::TS;
-    case Q4_1: return Fmt<Q4_1>::TS;
-    case Q5_0: return Fmt<Q5_0>::TS;
-    case Q8_0: return Fmt<Q8_0>::TS;
-    case Q4_K: return Fmt<Q4_K>::TS;
-    case Q5_K: return Fmt<Q5_K>::TS;
-    case Q6_K: return Fmt<Q6_K>::TS;
-    default: return -1;
-  }
+  int ts = -1;
+  by_type(type, [&](auto t) { ts = Fmt<decltype(t)::value>::TS; });
+  return ts;
 }
 
 // float16 bits at p -> float32 (exact)

@@ -858,21 +858,6 @@ void linear(const QX& X, const uint8_t* w, int64_t N, float* y, int64_t ldy, boo
   linear_ref<T>(X, plain.data(), N, y, ldy);
 }
 
-// the format's template argument for a runtime type
-template <class F>
-int by_type(int type, F&& f) {
-  switch (type) {
-    case Q4_0: f(std::integral_constant<int, Q4_0>()); return 0;
-    case Q4_1: f(std::integral_constant<int, Q4_1>()); return 0;
-    case Q5_0: f(std::integral_constant<int, Q5_0>()); return 0;
-    case Q8_0: f(std::integral_constant<int, Q8_0>()); return 0;
-    case Q4_K: f(std::integral_constant<int, Q4_K>()); return 0;
-    case Q5_K: f(std::integral_constant<int, Q5_K>()); return 0;
-    case Q6_K: f(std::integral_constant<int, Q6_K>()); return 0;
-    default: return -2;
-  }
-}
-
 // Q4_K and Q5_K, the codec both family files use (cpu_qdot_q4k.cpp, cpu_qdot_q5k.cpp): a superblock of 256 weights
 // in 8 sub-blocks of 32, 4-bit quants q (Q5_K: a fifth bit per weight in 32 bytes qh, bit s of byte l for element l
 // of sub-block s), per sub-block a 6-bit scale sc and min mn (swk_gguf::k_scale_min), float16 d and dmin:

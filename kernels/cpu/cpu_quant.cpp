@@ -544,16 +544,7 @@ int swk_q_dequant(int type, const void* blocks, int64_t n, float* out) {
   if (bs < 0) return -2;
   if (n % bs) return -3;
   const uint8_t* b = (const uint8_t*)blocks;
-  switch (type) {
-    case Q4_0: dequant<Q4_0>(b, n, out); break;
-    case Q4_1: dequant<Q4_1>(b, n, out); break;
-    case Q5_0: dequant<Q5_0>(b, n, out); break;
-    case Q8_0: dequant<Q8_0>(b, n, out); break;
-    case Q4_K: dequant<Q4_K>(b, n, out); break;
-    case Q5_K: dequant<Q5_K>(b, n, out); break;
-    case Q6_K: dequant<Q6_K>(b, n, out); break;
-  }
-  return 0;
+  return by_type(type, [&](auto t) { dequant<decltype(t)::value>(b, n, out); });
 }
 
 // y[M, N] (float32, row-major, ldy floats per row: y may be a column slice of a wider output) = x[M, K]
@@ -569,15 +560,7 @@ int swk_q_linear_ld(const float* x, int64_t M, int64_t K, const void* w, int typ
   if (K % bs) return -3;
   const uint8_t* wb = (const uint8_t*)w;
   try {   // Q4_K's activation buffer is sized before its parallel region: a failed allocation lands here
-    switch (type) {
-      case Q4_0: linear<Q4_0>(x, M, K, wb, N, y, ldy); break;
-      case Q4_1: linear<Q4_1>(x, M, K, wb, N, y, ldy); break;
-      case Q5_0: linear<Q5_0>(x, M, K, wb, N, y, ldy); break;
-      case Q8_0: linear<Q8_0>(x, M, K, wb, N, y, ldy); break;
-      case Q4_K: linear<Q4_K>(x, M, K, wb, N, y, ldy); break;
-      case Q5_K: linear<Q5_K>(x, M, K, wb, N, y, ldy); break;
-      case Q6_K: linear<Q6_K>(x, M, K, wb, N, y, ldy); break;
-    }
+    by_type(type, [&](auto t) { linear<decltype(t)::value>(x, M, K, wb, N, y, ldy); });
   } catch (const std::bad_alloc&) {
     return -4;
   }
