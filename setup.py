@@ -3,7 +3,8 @@
 The CPU kernel library (kernels/cpu/, built with kernels/cpu/CMakeLists.txt into swiftk/_native/) is compiled when
 the package is installed, for the ISA variants in SWIFTK_CPU_VARIANTS (kernels/cpu/variants.json; default
 "native": this machine's; "all" for a wheel that serves every x86-64 CPU); SWIFTK_BUILD_CPU=0 skips it (the runtime
-then compiles it at first use, once per machine). Without cmake or a C++ compiler the install goes on without it.
+then builds it at first use, once per machine, with the same CMakeLists.txt). Without cmake or a C++ compiler the
+install goes on without it (and the runtime, lacking them too, uses torch).
 The CUDA extension ``swiftk._C`` (kernels/cuda/*.cu + csrc/) is built with CMake only when a CUDA toolchain is
 present and SWIFTK_BUILD_CUDA is not 0; see CMakeLists.txt.
 """
@@ -79,7 +80,8 @@ class CMakeBuild(build_ext):
             try:
                 return self._cpu(ext)
             except Exception as e:  # noqa: BLE001 - the runtime compiles at first use instead
-                warnings.warn(f"swiftk: CPU kernels not built at install ({e}); swiftk compiles them at first use")
+                warnings.warn(f"swiftk: CPU kernels not built at install ({e}); swiftk builds them at first use "
+                              "where cmake and a compiler are found")
                 return None
         if not isinstance(ext, CMakeExtension):
             return super().build_extension(ext)

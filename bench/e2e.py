@@ -17,7 +17,7 @@ SWIFT variants (one engine; each variant owns a ``SkipSetState`` passed to ``gen
   objective at r = 0.45, optimize on every round, layer drafts only (no n-gram, history or corpus drafts); the
   baseline the speed-aware loop replaced.
 - ``swift-warm``: a tuning pass (fresh optimizer, SWIFT over the same prompts, run before the measured pass) saves
-  its best skip set; the measured pass loads it (``eng.load_skip_set``) and does not optimize.
+  its best skip set; the measured pass loads it (``eng.states.load_skip_set``) and does not optimize.
 - ``swift-saved``: the skip set from ``--skip-set FILE``, no optimization. With a file from ``swiftk optimize`` run
   on another task this is the Self-SD static comparison (a set found offline on one task, applied to others).
 

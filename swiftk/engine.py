@@ -140,10 +140,10 @@ class Engine:
 
     def generate_many(self, prompts: Sequence, max_batch: Optional[int] = None, **kw) -> list:
         """``generate(p, **kw)`` for every prompt, decoded together: up to ``max_batch`` calls at once (default:
-        ``requests.default_max_batch``: by cores and memory), their rounds' target passes merged into one pass, a waiting prompt joining as
-        another finishes. Each result equals ``generate(p, **kw)`` alone (same tokens: every row is computed as it
-        would be alone). Every prompt is checked before any decodes; a call that fails raises after the others
-        finish (the first such error)."""
+        ``requests.default_max_batch``, by cores and memory), their rounds' target passes merged into one pass, a
+        waiting prompt joining as another finishes. Each result equals ``generate(p, **kw)`` alone (same tokens:
+        every row is computed as it would be alone). Every prompt is checked before any decodes; a call that fails
+        raises after the others finish (the first such error)."""
         return self.calls.decode_many(prompts, self.slots.default_max_batch() if max_batch is None else max_batch,
                                       **kw)
 

@@ -1028,7 +1028,7 @@ def api_cases() -> list:
         "res = ('correct' if int(lg[-1].argmax()) == REF()[0] else 'silently wrong', f'argmax {int(lg[-1].argmax())} vs {REF()[0]}')")
     add("save_skip_set:dir", "E().states.save_skip_set('/')")
     add("save_skip_set:missing-dir", "E().states.save_skip_set('/nonexistent/x.json')")
-    add("read_skip_set:garbage", "open('s.json','w').write('{\"attention\": NaN}')\nE().read_skip_set('s.json')")
+    add("read_skip_set:garbage", "open('s.json','w').write('{\"attention\": NaN}')\nE().states.read_skip_set('s.json')")
     add("use_corpus:wrong", "E().use_corpus([1,2,3])")
     add("module-generate:bad-model", "swiftk.generate('x', model='/nonexistent.gguf')")
     add("module-generate:ok", f"out = swiftk.generate(PROMPT, model=M, max_new_tokens=NTOK, persist=False)\nres = same(out.token_ids, REF())")

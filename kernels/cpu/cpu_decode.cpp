@@ -22,8 +22,8 @@
 #include <vector>
 
 // The public declarations (csrc/include/swiftk_cpu.h), when the build puts csrc/include on the include path
-// (examples/CMakeLists.txt does): the compiler then checks that the definitions below match them. swiftk's own
-// first-use build (swiftk/runtime/ops/cpu_linear.py) compiles this file alone, as installed packages have no csrc/.
+// (kernels/cpu/CMakeLists.txt does, for pip install and the first-use build): the compiler then checks that the
+// definitions below match them. An installed package may lack csrc/: then the file compiles without them.
 #if __has_include("swiftk_cpu.h")
 #include "swiftk_cpu.h"
 #define SWK_HAVE_HEADER 1

@@ -244,7 +244,4 @@ def accept(s: Session, tree, logits) -> tuple:
         path, bonus = accept_tree(tree, s.sampler.sp.probs(logits), "rejection", s.sampler.generator)
         return path.tolist(), bonus
     scores = logits if s.sampler.greedy else s.sampler.scores(logits, (s.cache.length + 1 + tree.depth).tolist())
-    if scores.device.type == "cpu":
-        return accept_nodes(tree, scores)
-    path, bonus = accept_tree(tree, scores)
-    return path.tolist(), bonus
+    return accept_nodes(tree, scores)

@@ -109,8 +109,9 @@ def _open() -> ctypes.CDLL:
     cxx = native_build.compiler()
     if cxx is None:
         raise KernelUnavailable("no C++ compiler (g++ or $CXX) found")
-    if native_build.cmake() is None:
-        raise KernelUnavailable("no cmake found to build the kernels (kernels/cpu/CMakeLists.txt; pip install cmake)")
+    if native_build.cmake() is None:   # loud: a machine with a compiler expects the kernels
+        raise KernelUnavailable("no cmake found to build them (kernels/cpu/CMakeLists.txt; pip install cmake)",
+                                loud=True)
     try:
         path = native_build.build(cxx)
         _source = f"compiled for this machine: {path}"

@@ -30,8 +30,8 @@ from swiftk.runtime.ops import kernel_id
 MAX_LIBRARY_BYTES = 64 << 20   # the built library is ~1 MB
 CACHE_VAR = "SWIFTK_KERNEL_CACHE"
 STEM = "swiftk_cpu"
-# a writer's private tree or file in the cache: .<name>.<pid>.<thread>.(build|so)
-_TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.(?:so|build)$")
+# a writer's private tree or file in the cache: .<name>.<pid>.<thread>.(build|so) (and older builds' .<i>.o)
+_TEMP = re.compile(r"^\.(?:swiftk_cpu|cpu_linear|cpu_quant)-[0-9a-f]+\.(\d+)\.\d+\.(?:so|build|\d+\.o)$")
 
 
 def source_path(name: str) -> Path:
@@ -173,7 +173,7 @@ def build_library(out: Path, cxx: str, variant: str = "native", opt: Optional[st
     if opt is not None:
         args.append(f"-DSWIFTK_CPU_OPT={opt}")
     if units is not None:
-        args.append(f"-DSWIFTK_CPU_SOURCES={';'.join(units)}")
+        args.append(f"-DSWIFTK_CPU_UNITS={';'.join(units)}")
     try:
         _run([tool, "-S", str(source_path("CMakeLists.txt").parent), "-B", str(tree), *args], 300)
         _run([tool, "--build", str(tree), "-j", str(max(1, os.cpu_count() or 1))], 1800)
@@ -188,8 +188,9 @@ def build(cxx: str, out_dir: Optional[Path] = None) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     folder = source_path("CMakeLists.txt").parent
     build_files = [(folder / n).read_text() for n in ("CMakeLists.txt", "variants.json")]
-    key = hashlib.sha256("\0".join([kernel_id.sources_digest(folder), *build_files, version, kernel_id.cpu_id()])
-                         .encode()).hexdigest()[:16]
+    env = [os.environ.get(v, "") for v in ("CXXFLAGS", "LDFLAGS")]   # CMake's first configure reads them
+    key = hashlib.sha256("\0".join([kernel_id.sources_digest(folder), *build_files, *env, version,
+                                    kernel_id.cpu_id()]).encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else kernel_cache()
     out = out_dir / f"{STEM}-{key}.so"
     sweep(out_dir)
