@@ -303,7 +303,7 @@ def test_the_floor_is_priced_for_the_batch_at_hand():
         for r in range(rows):
             b.add(_text(r, 300), prompt=100)
         for r in range(rows):
-            d.rows[r] = sb._Request(b.ids[r, :101].tolist(), 1, d)
+            d.rows[r] = sb._Row(b.ids[r, :101].tolist(), 1, d)
             d.rows[r].srcs = [Fixed()]
         return d.step([[int(b.ids[r, 100])] for r in range(rows)], b.n, b.ids)
 

@@ -23,9 +23,10 @@ MAX_K = 64
 _SIG = 16   # tokens at each end of a request that identify it across steps
 
 
-class _Request:
-    """One request's drafting state: its latest tokens (at most ``context_tokens``), their automaton, its walk over
-    the history, its sources."""
+class _Row:
+    """The drafting state of the request in one of vLLM's batch rows: its latest tokens (at most ``context_tokens``),
+    their automaton, its walk over the history, its sources. Not a swiftk request (requests.Request): vLLM owns the
+    request and decodes it; this follows it from step to step."""
 
     def __init__(self, tokens: list, n_new: int, drafter: "Drafter"):
         d = drafter
@@ -126,7 +127,7 @@ class Drafter:
         self.corpus = corpus
         self.user = list(user)          # (name, object)
         self.disabled: set = set()      # user proposers that raised while serving
-        self.rows: dict = {}            # batch row -> _Request
+        self.rows: dict = {}            # batch row -> _Row
         # seconds: host time spent in step(), what drafting adds to each of the engine's steps
         self.stats = {"steps": 0, "proposed": 0, "accepted": 0, "probes": 0, "rebuilt": 0, "moved": 0,
                       "seconds": 0.0}
@@ -175,7 +176,7 @@ class Drafter:
                     req = orphans.pop(j)
                     self.stats["moved"] += 1
                 else:
-                    req = _Request(row[:n].tolist(), len(new), self)
+                    req = _Row(row[:n].tolist(), len(new), self)
                     self.stats["rebuilt"] += 1
                 self.rows[i] = req
             if req.length() < n:
@@ -193,7 +194,7 @@ class Drafter:
         self.stats["seconds"] += self.last_t - now
         return drafts
 
-    def _learn(self, req: _Request, start: int) -> None:
+    def _learn(self, req: _Row, start: int) -> None:
         """Feed back how much of last step's draft the verify pass accepted: the tokens that followed it."""
         if req.last is None:
             return
@@ -210,7 +211,7 @@ class Drafter:
                 break
         req.gap = 1 if got and got[0] == chain.tokens[0] else min(2 * req.gap, self.opts["probe_gap"])
 
-    def _propose(self, req: _Request, n: int, floor: float) -> list:
+    def _propose(self, req: _Row, n: int, floor: float) -> list:
         k = min(self.k, self.max_model_len - n - 1)
         if k < 1:
             return []
