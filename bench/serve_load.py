@@ -253,9 +253,10 @@ def main(argv=None) -> int:
                                           state=st).token_ids)
                 results.setdefault((c, "inproc"), []).append({"tok_s": n / (time.perf_counter() - t0)})
             for arm in order:
-                srv = swiftk_server(a.model, a.threads, Path(a.a_src) if arm == "swiftk-a" else None) \
-                    if arm.startswith("swiftk") else llama_server(gguf, c, a.threads,
-                                                                  "none" if arm == "llama" else arm[len("llama-"):])
+                if arm.startswith("swiftk"):
+                    srv = swiftk_server(a.model, a.threads, Path(a.a_src) if arm == "swiftk-a" else None)
+                else:
+                    srv = llama_server(gguf, c, a.threads, "none" if arm == "llama" else arm[len("llama-"):])
                 try:
                     phase(srv.url, items[:1], 1, 8)   # warm: weights paged in, first-request setup
                     ph = phase(srv.url, items, c, a.max_tokens)

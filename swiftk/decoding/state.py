@@ -20,10 +20,9 @@ from typing import Callable, Optional
 import torch
 
 from ..atomic import write_json_atomic
-from ..files import check_output_path
 from ..options import OptimizerConfig, option_names, split_options, updated
 from ..errors import SwiftkError, warn
-from ..files import read_json
+from ..files import check_output_path, read_json
 from ..home import swiftk_home
 from ..proposers.suffix import OutputHistory
 from ..proposers.layerskip.search import SkipSetOptimizer

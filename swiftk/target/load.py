@@ -51,6 +51,5 @@ def load_target(checkpoint, *, device, dtype, max_context: Optional[int], weight
     costs = CostModel(model)
     if device.type == "cpu":   # 8 passes (31 ms on SmolLM2, 0.23 s on a 1.5B) that also page weights in
         costs.calibrate(*timed_passes(model, cache, 8), 8)
-    target = Target(model, checkpoint.tokenizer, dict(checkpoint.identity), max_context, cache.max_slots, costs,
-                    drafter)
+    target = Target(model, checkpoint.tokenizer, checkpoint.identity, max_context, cache.max_slots, costs, drafter)
     return target, cache

@@ -106,7 +106,10 @@ def sweep(out_dir: Path) -> None:
         except OSError:   # another user's process: alive
             continue
         path = out_dir / name
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 # ---- running CMake so that nothing outlives an interrupt
