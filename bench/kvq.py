@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from swiftk.proposers.draft_loop import draft
     from swiftk.options import DecodeConfig
     from swiftk.decoding.gate import Gate
-    from swiftk.decoding.sampler import Sampler, SamplingParams
+    from swiftk.sample.sampler import Sampler, SamplingParams
     from swiftk.decoding.state import GateMemory
     from swiftk.decoding.loop import verify
     from swiftk.runtime.skipset import kvq_boundary

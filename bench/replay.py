@@ -32,7 +32,7 @@ from swiftk.target.costs import CostModel
 from swiftk.decoding.batch import Batch
 from swiftk.decoding.loop import Decoder, verify
 from swiftk.decoding.output import TokenSink
-from swiftk.decoding.sampler import Sampler, SamplingParams
+from swiftk.sample.sampler import Sampler, SamplingParams
 from swiftk.decoding.session import Session
 from swiftk.decoding.tree import build_tree
 from swiftk.options import DecodeConfig, updated

@@ -18,7 +18,7 @@ from .decoding.grammar import Grammar, ll_tokenizer
 from .decoding.loop import Decoder
 from .decoding.output import GenerationResult, TokenLogprobs, TokenSink, check_lengths, progress_bar, rate
 from .decoding.prefix import may_reuse
-from .decoding.sampler import Sampler, SamplingParams
+from .sample.sampler import Sampler, SamplingParams
 from .decoding.session import Session
 from .decoding.state import LearnedState, LearnedStates
 from .errors import SwiftkError

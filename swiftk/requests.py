@@ -15,7 +15,7 @@ from .decoding.grammar import GrammarState
 from .decoding.loop import Decoder
 from .decoding.output import TokenLogprobs, TokenSink
 from .decoding.prefix import HeldPrefix
-from .decoding.sampler import Sampler, SamplingParams
+from .sample.sampler import Sampler, SamplingParams
 from .decoding.state import LearnedState
 from .errors import SwiftkError
 from .methods import Method

@@ -1,10 +1,10 @@
-"""Tree acceptance rules (swiftk.decoding.acceptance): exact hand cases and statistical losslessness."""
+"""Tree acceptance rules (swiftk.sample.rejection): exact hand cases and statistical losslessness."""
 import math
 
 import pytest
 import torch
 
-from swiftk.decoding.acceptance import (
+from swiftk.sample.rejection import (
     accept_greedy,
     accept_sampling,
     accept_sampling_batched,
@@ -13,7 +13,7 @@ from swiftk.decoding.acceptance import (
     validate_tree,
 )
 from swiftk.errors import SwiftkError
-from swiftk.runtime.sampling import sample_without_replacement
+from swiftk.sample.logits import sample_without_replacement
 
 
 def gen(seed=0):
@@ -205,8 +205,7 @@ def test_greedy_path_kernel_matches_naive_on_random_trees(V):
 
 
 def test_accept_nodes_rejects_scores_of_another_tree():
-    from swiftk.decoding.acceptance import accept_nodes
-    from swiftk.decoding.tree import Chain, build_tree
+    from swiftk.decoding.tree import Chain, accept_nodes, build_tree
 
     tree = build_tree(1, [], 4, 8, "cpu", chains=[Chain([2, 3], [0.9, 0.9], "x")])
     assert accept_nodes(tree, torch.zeros(3, 5)) == ([0], 0)

@@ -18,7 +18,7 @@ from swiftk.cli import main as cli_main
 from swiftk.errors import SwiftkError
 from swiftk.loading.loaders import load_checkpoint
 from swiftk.loading.registry import ModelSpec, WheelPart
-from swiftk.runtime.sampling import validate_sampling_params
+from swiftk.sample.logits import validate_sampling_params
 from swiftk.loading.tokenizer import Tokenizer
 from test_loaders import D, H, I, KV, L, hf_tensors, tiny_vocab, write_tiny_gguf
 from test_registry import fake_env  # noqa: F401  (fixture)

@@ -689,7 +689,7 @@ def test_a_call_is_ahead_by_what_its_rounds_produced_less_all_their_time(eng):
     nothing -- less everything the round took: its host work (10 ms a round here) and a search step."""
     from swiftk.decoding.gate import Gate
     from swiftk.decoding.output import TokenSink
-    from swiftk.decoding.sampler import Sampler, SamplingParams
+    from swiftk.sample.sampler import Sampler, SamplingParams
     from swiftk.decoding.session import Session
 
     class Stale(CostModel):

@@ -17,6 +17,7 @@ LAYERS = [
     ("base", ["swiftk.errors", "swiftk.files", "swiftk.atomic", "swiftk.home", "swiftk.options", "swiftk.background",
               *BUILT]),
     ("runtime", ["swiftk.runtime"]),             # the model, weights, KV cache, masks, ops
+    ("sample", ["swiftk.sample"]),               # logits processing, the sampler, the rejection sampler
     ("loading", ["swiftk.loading"]),             # GGUF, loaders, tokenizer, registry
     ("target", ["swiftk.target"]),               # what drafts are checked against: model, tokenizer, costs
     ("proposers", ["swiftk.proposers"]),         # draft sources and the model drafters' draft loop

@@ -12,7 +12,7 @@ from swiftk.proposers.draft_loop import draft
 from swiftk.errors import SwiftkError
 from swiftk.options import DecodeConfig
 from swiftk.decoding.gate import Gate
-from swiftk.decoding.sampler import Sampler, SamplingParams
+from swiftk.sample.sampler import Sampler, SamplingParams
 from swiftk.runtime.skipset import kvq_boundary
 from swiftk.decoding.loop import verify
 from swiftk.decoding.state import GateMemory

@@ -10,7 +10,7 @@ import torch
 
 import swiftk
 from swiftk.decoding.gate import Gate
-from swiftk.decoding.sampler import Sampler, SamplingParams
+from swiftk.sample.sampler import Sampler, SamplingParams
 from swiftk.options import DecodeConfig
 from swiftk.proposers.base import DraftGate, Drafter, DraftSampler, FreeSource, Proposer
 from swiftk.proposers.draft_loop import ModelDrafter

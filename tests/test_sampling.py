@@ -1,11 +1,11 @@
-"""Logits processing and seeded draws (swiftk.runtime.sampling)."""
+"""Logits processing and seeded draws (swiftk.sample.logits)."""
 import math
 
 import pytest
 import torch
 
 from swiftk.errors import SwiftkError
-from swiftk.runtime.sampling import (
+from swiftk.sample.logits import (
     process_logits,
     sample,
     sample_without_replacement,

@@ -3,7 +3,7 @@ import random
 
 import torch
 
-from swiftk.decoding.acceptance import ancestor_matrix
+from swiftk.sample.rejection import ancestor_matrix
 from swiftk.runtime.ops.reference import unpack_tree_mask
 from swiftk.decoding.tree import GREEDY_TOPK, build_tree
 from swiftk.proposers.base import DraftLevel, k_for_confidence

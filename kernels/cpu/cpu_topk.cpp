@@ -143,7 +143,7 @@ int swk_topk_into(const float* x, int64_t N, int64_t V, const int64_t* rows, int
   return 0;
 }
 
-// Greedy acceptance of a verified tree in one call (decoding/acceptance.py's walk, its Python twin): node i (parents
+// Greedy acceptance of a verified tree in one call (sample/rejection.py's walk, its Python twin): node i (parents
 // in topological order, parents[0] = -1) is accepted when its parent was and tokens[i] is the argmax of the parent's
 // row of x[N, V]; the deepest accepted node wins (the lowest index among equally deep ones). Only accepted nodes'
 // rows are reduced, in the order above: a round that accepts a tokens reads a + 1 rows of the N, where the host

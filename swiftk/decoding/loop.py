@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ..runtime.model import Rows
-from .acceptance import accept_nodes, accept_tree
+from .tree import accept_nodes, accept_tree
 from .budget import SourceBudget
 from .gate import ALONE, Beside
 from ..proposers.base import Context, Drafter, Proposer

@@ -11,7 +11,7 @@ import torch
 from ..errors import SwiftkError
 from ..runtime.model import Rows
 from .output import DecodeStats, TokenSink
-from .sampler import Sampler
+from ..sample.sampler import Sampler
 
 def prefill(model, cache, prompt_ids: list, sampler: Sampler, reuse: int = 0) -> int:
     """Target pass over the prompt (KV into slots [0, P)); returns the first new token (not yet in the cache).

@@ -17,7 +17,7 @@ from ..proposers.base import DraftContext
 from .grammar import GrammarState
 from .output import DecodeStats, Timer, TokenLogprobs, TokenSink
 from .passes import prefill_rows, step_rows
-from .sampler import Sampler
+from ..sample.sampler import Sampler
 from .tree import DRAFT, ROOT
 
 

@@ -20,50 +20,9 @@ from ..options import GREEDY_TOPK, SAMPLING_TOPK  # noqa: F401  (re-exported: th
 from ..errors import SwiftkError
 from ..proposers.base import Chain, DraftLevel  # noqa: F401  (re-exported: a tree's inputs)
 from ..runtime.ops.masks import TreeMask, unpack_tree_mask
+from ..sample.rejection import accept_greedy_host, accept_sampling
 
 ROOT, DRAFT = "root", "draft"   # node sources; a free chain's nodes carry its source's name
-
-
-def _check_parents(parents: torch.Tensor) -> int:
-    if parents.dim() != 1 or parents.numel() == 0 or parents.dtype not in (torch.int32, torch.int64):
-        raise SwiftkError(f"parents must be a non-empty 1-D integer tensor, got {parents.dtype} {tuple(parents.shape)}")
-    return parents.numel()
-
-
-def validate_tree(parents: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Full structural check (syncs with the host; for tests and debugging, not the decode loop)."""
-    n = _check_parents(parents)
-    if tokens.shape[-1] != n:
-        raise SwiftkError(f"tokens has {tokens.shape[-1]} nodes, parents has {n}")
-    p = parents.cpu().long()
-    if p[0] != -1:
-        raise SwiftkError(f"parents[0] must be -1 (root), got {int(p[0])}")
-    idx = torch.arange(n)
-    bad = (p[1:] < 0) | (p[1:] >= idx[1:])
-    if bad.any():
-        i = int(idx[1:][bad][0])
-        raise SwiftkError(f"parents[{i}] = {int(p[i])} must be in [0, {i}) (topological order)")
-
-
-def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """BoolTensor [N, N]: row i marks the ancestors of node i and i itself. No host sync.
-
-    Reachability by repeated squaring of the parent relation: after s squarings rows hold ancestors up to
-    2**s levels up, so ceil(log2 N) matrix products suffice."""
-    n = _check_parents(parents)
-    idx = torch.arange(n, device=parents.device)
-    par = parents.long().clamp_min(0)  # the root points at itself
-    reach = torch.zeros(n, n, dtype=torch.float32, device=parents.device)
-    reach[idx, idx] = 1.0
-    reach[idx, par] = 1.0
-    for _ in range(max(1, (n - 1).bit_length())):
-        reach = (reach @ reach).clamp_max_(1.0)
-    return reach > 0
-
-
-def depths(parents: torch.Tensor) -> torch.Tensor:
-    """LongTensor [N]: depth of each node, root = 0."""
-    return ancestor_matrix(parents).sum(dim=1) - 1
 
 
 # ------------------------------------------------------------------------------------------- building
@@ -238,3 +197,23 @@ def node_values(chains) -> list:
                 vals[i] = max(vals[i], v)
             node = i
     return sorted(vals, reverse=True)
+
+
+# ------------------------------------------------------------------------------------------- acceptance
+def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str] = None,
+                generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, int]:
+    """The rejection sampler (sample/rejection.py) on a built tree: accepted node indices and the bonus token.
+
+    ``target``: [N, V] scores whose argmax is the target's choice (greedy: logits; coupled sampling: perturbed
+    log-probs, see ``sample.sampler.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs
+    for multi-candidate rejection sampling against ``tree.draft_probs``."""
+    if draft_probs_rule == "rejection":
+        return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
+                               generator=generator)
+    nodes, bonus = accept_nodes(tree, target)
+    return torch.tensor(nodes, dtype=torch.long, device=tree.parents.device), bonus
+
+
+def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
+    """accept_tree's greedy rule as host values (accepted node indices root..last, bonus): the decode loop's form."""
+    return accept_greedy_host(tree.host_parents, tree.host_tokens, target)

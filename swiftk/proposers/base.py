@@ -94,7 +94,7 @@ class DraftContext:
 
 
 class DraftSampler(Protocol):
-    """What a draft reads of the call's sampler (decoding.sampler.Sampler): greedy or not, its settings, and the
+    """What a draft reads of the call's sampler (sample.sampler.Sampler): greedy or not, its settings, and the
     coupled rule's score, so a draft ranks tokens as the target will choose them."""
 
     sp: object            # SamplingParams: .probs(logits) is the processed distribution both sides use

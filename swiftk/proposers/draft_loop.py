@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SwiftkError
-from ..runtime.sampling import sample_without_replacement
+from ..sample.logits import sample_without_replacement
 from .base import DraftLevel, calibration_bin, k_for_confidence
 
 

@@ -1,5 +1,5 @@
 """The CPU backend of greedy tree acceptance (``swk_greedy_path`` in ``kernels/cpu/cpu_topk.cpp``, from the one
-kernel library). Its twin is decoding/acceptance.py's host walk, which runs where this returns None."""
+kernel library). Its twin is sample/rejection.py's host walk, which runs where this returns None."""
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
-"""Acceptance of a verified token tree: which drafted nodes to keep and which token the target adds.
+"""The rejection sampler: which nodes of a verified token tree to keep and which token the target adds. Stateless:
+it reads the tree as tensors or lists (parents, tokens) and the target's rows.
 
 Tree: N nodes in topological order, ``parents[0] == -1`` and ``parents[i] < i``; node 0 is the root, the pending
 token. ``tokens[i]`` is node i's token. Children of a node are tried in increasing index order. Row i of the target
@@ -19,7 +20,7 @@ Which q_c is right depends on how the drafter drew the children of a node whose 
     counts as a draw and updates the residual. Merging duplicates, or skipping their residual update, under
     this rule is biased (exact enumeration: up to 0.2 total variation on 3-token vocabularies).
   * ``draft_probs`` given, ``replacement=False``: children are sequential draws without replacement (e.g.
-    ``sampling.sample_without_replacement``); q_c = q with the earlier siblings' tokens zeroed, renormalised.
+    ``logits.sample_without_replacement``); q_c = q with the earlier siblings' tokens zeroed, renormalised.
     This rule is also lossless for i.i.d. draws with duplicates merged (first occurrence kept, in order): the
     distinct tokens of i.i.d. draws are distributed as draws without replacement, stopped at a count that does
     not depend on the verifier's randomness. Repeats left in the tree are skipped (their q_c is 0), which is
@@ -37,10 +38,51 @@ from typing import Optional
 
 import torch
 
-from swiftk.errors import SwiftkError
-from swiftk.runtime.ops.cpu_accept import greedy_path
-from swiftk.runtime.ops.cpu_topk import topk_rows
-from swiftk.decoding.tree import Tree, _check_parents, ancestor_matrix, depths, validate_tree  # noqa: F401
+from ..errors import SwiftkError
+from ..runtime.ops.cpu_accept import greedy_path
+from ..runtime.ops.cpu_topk import topk_rows
+
+
+def check_parents(parents: torch.Tensor) -> int:
+    if parents.dim() != 1 or parents.numel() == 0 or parents.dtype not in (torch.int32, torch.int64):
+        raise SwiftkError(f"parents must be a non-empty 1-D integer tensor, got {parents.dtype} {tuple(parents.shape)}")
+    return parents.numel()
+
+
+def validate_tree(parents: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Full structural check (syncs with the host; for tests and debugging, not the decode loop)."""
+    n = check_parents(parents)
+    if tokens.shape[-1] != n:
+        raise SwiftkError(f"tokens has {tokens.shape[-1]} nodes, parents has {n}")
+    p = parents.cpu().long()
+    if p[0] != -1:
+        raise SwiftkError(f"parents[0] must be -1 (root), got {int(p[0])}")
+    idx = torch.arange(n)
+    bad = (p[1:] < 0) | (p[1:] >= idx[1:])
+    if bad.any():
+        i = int(idx[1:][bad][0])
+        raise SwiftkError(f"parents[{i}] = {int(p[i])} must be in [0, {i}) (topological order)")
+
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """BoolTensor [N, N]: row i marks the ancestors of node i and i itself. No host sync.
+
+    Reachability by repeated squaring of the parent relation: after s squarings rows hold ancestors up to
+    2**s levels up, so ceil(log2 N) matrix products suffice."""
+    n = check_parents(parents)
+    idx = torch.arange(n, device=parents.device)
+    par = parents.long().clamp_min(0)  # the root points at itself
+    reach = torch.zeros(n, n, dtype=torch.float32, device=parents.device)
+    reach[idx, idx] = 1.0
+    reach[idx, par] = 1.0
+    for _ in range(max(1, (n - 1).bit_length())):
+        reach = (reach @ reach).clamp_max_(1.0)
+    return reach > 0
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """LongTensor [N]: depth of each node, root = 0."""
+    return ancestor_matrix(parents).sum(dim=1) - 1
 
 
 def _path_and_bonus(on_path: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -57,7 +99,7 @@ def accept_greedy(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Ten
     accepted, on ``parents``' device; bonus: the target argmax at the last path node). Among equally deep accepted
     nodes (only possible with duplicate sibling tokens) the lowest index wins. One host sync (the N argmax ids).
     """
-    n = _check_parents(parents)
+    n = check_parents(parents)
     if tokens.shape != (n,):
         raise SwiftkError(f"tokens must have shape ({n},), got {tuple(tokens.shape)}")
     if target.dim() == 2 and target.shape[0] == n:
@@ -102,7 +144,7 @@ def accept_sampling_batched(
     over the nodes in index order, with per-tree state (current node, residual r, remaining draft mass) kept on
     device. This works because node i's siblings and children all come after its parent.
     """
-    n = _check_parents(parents)
+    n = check_parents(parents)
     if tokens.dim() != 2 or tokens.shape[1] != n:
         raise SwiftkError(f"tokens must be [B, N={n}], got {tuple(tokens.shape)}")
     b = tokens.shape[0]
@@ -171,7 +213,7 @@ def accept_sampling(
     deterministically chosen children (see the module docstring for which rule fits which drafter).
     Returns (path: LongTensor of node indices root..last accepted, bonus token). One host sync.
     """
-    n = _check_parents(parents)
+    n = check_parents(parents)
     if tokens.shape != (n,):
         raise SwiftkError(f"tokens must have shape ({n},), got {tuple(tokens.shape)}")
     if target_probs.dim() != 2:
@@ -187,27 +229,13 @@ def accept_sampling(
     return _path_and_bonus(accepted[0], bonus[0])
 
 
-def accept_tree(tree: Tree, target: torch.Tensor, draft_probs_rule: Optional[str] = None,
-                generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, int]:
-    """Acceptance of a built :class:`~swiftk.decoding.tree.Tree`.
-
-    ``target``: [N, V] scores whose argmax is the target's choice (greedy: logits; coupled sampling: perturbed
-    log-probs, see ``sampler.Sampler``), or with ``draft_probs_rule="rejection"`` the target's processed probs for
-    multi-candidate rejection sampling against ``tree.draft_probs``."""
-    if draft_probs_rule == "rejection":
-        return accept_sampling(tree.parents, tree.tokens, target, tree.draft_probs, replacement=False,
-                               generator=generator)
-    nodes, bonus = accept_nodes(tree, target)
-    return torch.tensor(nodes, dtype=torch.long, device=tree.parents.device), bonus
-
-
-def accept_nodes(tree: Tree, target: torch.Tensor) -> tuple[list, int]:
-    """accept_tree's greedy rule on CPU scores [N, V] as host values (accepted node indices root..last, bonus): the
-    decode loop's form, which makes no tensor. One C call where the CPU library is loaded (it reduces only the rows
-    of accepted nodes), else argmax rows (on the scores' device) and the host walk."""
-    if target.dim() != 2 or target.shape[0] != tree.size:
-        raise SwiftkError(f"target must be [N={tree.size}, V] scores, got {tuple(target.shape)}")
-    got = greedy_path(target.contiguous(), tree.host_parents, tree.host_tokens)
+def accept_greedy_host(parents: list, tokens: list, target: torch.Tensor) -> tuple[list, int]:
+    """accept_greedy on CPU scores [N, V] as host values (accepted node indices root..last, bonus): the decode loop's
+    form, which makes no tensor. One C call where the CPU library is loaded (it reduces only the rows of accepted
+    nodes), else argmax rows (on the scores' device) and the host walk."""
+    if target.dim() != 2 or target.shape[0] != len(parents):
+        raise SwiftkError(f"target must be [N={len(parents)}, V] scores, got {tuple(target.shape)}")
+    got = greedy_path(target.contiguous(), parents, tokens)
     if got is not None:
         return got
-    return _greedy_walk(tree.host_parents, tree.host_tokens, topk_rows(target, 1)[:, 0].tolist())
+    return _greedy_walk(parents, tokens, topk_rows(target, 1)[:, 0].tolist())

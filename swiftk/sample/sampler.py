@@ -10,7 +10,7 @@ import torch
 
 from ..errors import SwiftkError
 from ..runtime.ops.cpu_topk import topk_rows
-from ..runtime.sampling import process_logits, validate_sampling_params
+from .logits import process_logits, validate_sampling_params
 
 MAX_SEED = 2**63 - 1
 
@@ -46,7 +46,7 @@ class Sampler:
     deterministic function of the seed, the position and the context: any draft verified against it emits exactly
     the tokens autoregressive decoding with the same seed emits. Seeded sampling is therefore reproducible across
     methods, skip sets and engine states. ``rejection`` keeps SpecInfer-style tree rejection sampling
-    (acceptance.accept_sampling) for the speculative rounds; its output depends on the draft.
+    (rejection.accept_sampling) for the speculative rounds; its output depends on the draft.
     """
 
     def __init__(self, sp: SamplingParams, device, rule: str = "coupled"):

@@ -6,7 +6,7 @@ distributions the tokens were really drawn from / are judged against, so both si
 runs reproducible and lets the draft and the verifier use separate streams.
 
 Temperature 0 is greedy decoding; it has no distribution here: greedy callers take ``argmax`` (first index
-wins ties, as ``torch.argmax`` does) and use ``acceptance.accept_greedy``.
+wins ties, as ``torch.argmax`` does) and use ``rejection.accept_greedy``.
 """
 from __future__ import annotations
 
