@@ -1,17 +1,2 @@
-"""swiftk benchmarks: prompt sets (workloads), Hugging Face baselines, end-to-end comparisons, device bring-up."""
-import os
-import sys
-
-
-def _checkout_last() -> None:
-    """``python -m`` puts the checkout first on sys.path, where its kernels/ folder (installed as swiftk.kernels)
-    shadows the ``kernels`` package that transformers >= 5.25 imports at load: the checkout goes after the installed
-    packages (nothing installed is named like another of its folders)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    here = [p for p in sys.path if os.path.abspath(p or os.curdir) == root]
-    for p in here:
-        sys.path.remove(p)
-    sys.path.extend(here)
-
-
-_checkout_last()
+"""swiftk's runnable benchmarks (``python -m bench.NAME``); their shared library is benchlib/."""
+import benchlib  # noqa: F401  (puts the checkout after the installed packages on sys.path: benchlib/__init__.py)

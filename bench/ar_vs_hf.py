@@ -17,8 +17,9 @@ from swiftk.errors import SwiftkError
 
 
 def main(argv=None) -> int:
-    from bench.e2e import (_hf_run, _swiftk_run, build_prompts, device_kind, first_diff, load_pair, set_threads,
-                           WORKLOAD_NAMES)
+    from benchlib.machine import device_kind, set_threads
+    from benchlib.prompts import build_prompts, first_diff, WORKLOAD_NAMES
+    from bench.e2e import _hf_run, _swiftk_run, load_pair
 
     ap = argparse.ArgumentParser(prog="python -m bench.ar_vs_hf", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")

@@ -25,7 +25,7 @@ from swiftk.errors import SwiftkError
 
 
 def main(argv=None) -> int:
-    from bench.e2e import set_threads
+    from benchlib.machine import set_threads
 
     ap = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")

@@ -97,7 +97,7 @@ class Child:
 
 
 def prompts(n: int) -> list:
-    from bench import workloads as W
+    from benchlib import workloads as W
 
     out = [{"text": it["turns"][0], "chat": False} for it in W.humaneval(20 + n)[20:]]
     return out + [{"text": it["turns"][0], "chat": True} for it in W.chat(20 + n)[20:]]
@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.reps < 1 or a.reps % 2 == 0 or a.n < 1:
         raise SystemExit("--reps must be odd and >= 1, --n >= 1")
-    from bench.e2e import machine_info
-    from bench.report import write_result
+    from benchlib.machine import machine_info
+    from benchlib.results import write_result
 
     srcs = {"A": Path(a.a_src).resolve(), "B": Path(a.b_src).resolve()}
     items = prompts(a.n)

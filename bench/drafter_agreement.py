@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     import torch
     import swiftk
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
     from swiftk.atomic import write_json_atomic
     from swiftk.moa import corpus as C, data as D, train as T
     from swiftk.moa.model import load

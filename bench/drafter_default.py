@@ -39,7 +39,8 @@ def main(argv=None) -> int:
 
     import torch
     import swiftk
-    from bench.e2e import build_prompts, machine_info
+    from benchlib.machine import machine_info
+    from benchlib.prompts import build_prompts
     from swiftk.atomic import write_json_atomic, write_atomic
     from swiftk.moa.method import load_drafter
 

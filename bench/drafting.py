@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from bench.llamacpp import llamacpp_run
+from benchlib.llamacpp import llamacpp_run
 
 ARMS = ("swiftk-ar", "swiftk", "swiftk-pld", "llamacpp-ar", "llamacpp-pld", "swiftk-dm")
 WORKLOADS = ("humaneval", "mtbench", "edit", "chat", "multiturn")
@@ -63,8 +63,9 @@ def main(argv=None) -> int:
         raise SystemExit("--repeat must be odd (1, 3, 5, ...): the median is then a run")
 
     import swiftk
-    from bench.e2e import build_prompts, machine_info, read_bandwidth
-    from bench.llamacpp import load_llamacpp
+    from benchlib.machine import machine_info, read_bandwidth
+    from benchlib.prompts import build_prompts
+    from benchlib.llamacpp import load_llamacpp
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     import torch
     import swiftk
     from bench.checkout_ab import prompts
-    from bench.e2e import machine_info
-    from bench.report import write_result
+    from benchlib.machine import machine_info
+    from benchlib.results import write_result
 
     items = prompts(a.n)
     kw = {"ar": {"method": "autoregressive"}, "default": {}}

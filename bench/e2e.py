@@ -37,9 +37,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,6 +46,8 @@ import torch
 from swiftk.atomic import write_atomic as atomic_write
 from swiftk.errors import SwiftkError
 from swiftk.moa.method import drafter_path, load_drafter  # noqa: F401
+from benchlib.machine import copy_bandwidth, device_kind, machine_info, peak_rss_mb, set_threads, sync
+from benchlib.prompts import WORKLOAD_NAMES, build_prompts, first_diff
 
 AR, COLD, WARM, SAVED, PAPER, NGRAM, MOA = "swiftk-ar", "swift-cold", "swift-warm", "swift-saved", "swift-paper", \
     "swiftk-ngram", "swiftk-moa"
@@ -61,137 +60,6 @@ PAPER_OPTIONS = {"speculate": "always", "ngram": False, "history": False, "datas
 DEFAULT_METHODS = (HF_GREEDY, AR, AR_EAGER, COLD, NOHIST, WARM, SAVED, PAPER, NGRAM, PLD, MOA, "swiftk-ee", "hf-ee",
                    HF_PLD)  # "*-ee": one per E
 # swiftk-moa: one row per --drafter [LABEL=]PATH (swiftk-moa-LABEL), or the model's own drafter when none is given
-WORKLOAD_NAMES = ("humaneval", "mtbench", "domain_shift", "edit", "chat", "multiturn")
-
-
-# ---------------------------------------------------------------- small shared helpers (ar_vs_hf uses them too)
-
-
-def set_threads(n) -> int:
-    n = int(n) if n else (os.cpu_count() or 1)
-    if n < 1:
-        raise SwiftkError(f"--threads must be >= 1, got {n}")
-    torch.set_num_threads(n)
-    return n
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# (vendor, family) -> [(first model, last model, name)], from the vendors' published family/model numbers
-_ARCH = {
-    ("AuthenticAMD", 23): [(0x00, 0x0F, "Zen"), (0x10, 0x2F, "Zen+"), (0x30, 0xFF, "Zen 2")],
-    ("AuthenticAMD", 25): [(0x00, 0x0F, "Zen 3"), (0x10, 0x1F, "Zen 4"), (0x20, 0x5F, "Zen 3"), (0x60, 0xAF, "Zen 4")],
-    ("AuthenticAMD", 26): [(0x00, 0xFF, "Zen 5")],
-    ("GenuineIntel", 6): [(0x55, 0x55, "Skylake-SP / Cascade Lake"), (0x6A, 0x6C, "Ice Lake-SP"),
-                          (0x8F, 0x8F, "Sapphire Rapids"), (0xCF, 0xCF, "Emerald Rapids"), (0xAD, 0xAE, "Granite Rapids")],
-}
-
-
-def cpu_arch() -> str:
-    """The CPU's microarchitecture from /proc/cpuinfo's vendor, family and model (e.g. family 25 model 1: Zen 3),
-    with the numbers, so a result names its machine rather than guessing it."""
-    try:
-        info = dict(ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in ln)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        vendor, fam, mod = info["vendor_id"], int(info["cpu family"]), int(info["model"])
-    except (OSError, KeyError, ValueError):
-        return "unknown"
-    name = next((n for lo, hi, n in _ARCH.get((vendor, fam), []) if lo <= mod <= hi), "unlisted")
-    flags = set(info.get("flags", "").split())
-    if name == "unlisted" and "amx_int8" in flags:   # a hypervisor's generic model number on an AMX server core
-        name = "unlisted model number, AMX: Sapphire Rapids or later"
-    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else \
-        "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{name} ({vendor} family {fam} model {mod}, {isa})"
-
-
-def device_kind(device) -> str:
-    """Short tag for file names: 'cpu' or 'cuda-<gpu model>'."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return "cpu"
-    name = torch.cuda.get_device_name(dev).lower().replace("nvidia", "").strip()
-    return "cuda-" + "".join(c if c.isalnum() else "-" for c in name).strip("-")
-
-
-def machine_info(device, threads: int) -> dict:
-    import transformers
-
-    dev = torch.device(device)
-    info = {"cpu": cpu_model(), "cpu_arch": cpu_arch(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "device": str(dev),
-            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model()}
-    try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                            cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        info["git_commit"] = None
-    return info
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
-
-
-def copy_bandwidth(device, mib: int = 0, repeats: int = 5) -> float:
-    """Device memory bandwidth in bytes/s from a big tensor copy (bytes read + written / best time)."""
-    dev = torch.device(device)
-    mib = mib or (1024 if dev.type == "cuda" else 256)
-    n = mib * 1024 * 1024 // 4
-    src = torch.ones(n, dtype=torch.float32, device=dev)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        sync(dev)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync(dev)
-        best = min(best, time.perf_counter() - t0)
-    del src, dst
-    return 2 * n * 4 / best
-
-
-def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
-    """Host memory read speed in GB/s (a float32 sum over ``mib`` MiB, best of ``repeats``): a decode step streams
-    the weights, so this is its ceiling. Benches record it at their start and end, because a VM's memory speed
-    moves between runs (bench/results/history.md) and ratios move with it. The buffer is in 2 MiB pages where the
-    system allows, as swiftk's weights are (runtime/hugepages.py): in 4 KiB pages the same sum read ~20% less."""
-    from swiftk.runtime import hugepages
-
-    x = hugepages.empty(mib * 1024 * 1024).view(torch.float32).fill_(1.0)
-    x.sum()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best / 1e9
-
-
-def first_diff(a, b):
-    """Index of the first differing token, or None when equal (a prefix of different length differs at its end)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None):
@@ -219,48 +87,6 @@ def load_pair(model: str, device, dtype: str, need_hf: bool = True, weights=None
             # otherwise both would be "right" and still differ in length.
             hf.generation_config.eos_token_id = sorted(eng.tokenizer.eos_ids)
     return eng, hf, why
-
-
-# ---------------------------------------------------------------- prompts
-
-
-def build_prompts(eng, workloads, n_humaneval: int, n_mtbench: int, max_new_tokens: int = 128, skip: int = 0,
-                  skip_mtbench: int = 0) -> dict:
-    """workload -> list of {id, category, text, chat, ids}. HumanEval is raw completion; the others go through the
-    chat template. ``multiturn`` decodes each MT-Bench turn-1 answer first (greedy, ``max_new_tokens``, swiftk
-    autoregressive) and asks turn 2 after it; edit and chat take ``n_humaneval`` items. ``skip`` / ``skip_mtbench``
-    pass over the first items (per MT-Bench category): held-out prompts, never used while building the method."""
-    from bench import workloads as W
-
-    out = {}
-    for w in workloads:
-        if w == "humaneval":
-            items = W.humaneval(n_humaneval + skip)[skip:]
-        elif w in ("mtbench", "multiturn"):
-            items, seen = [], {}   # seen: category -> its questions passed so far
-            for it in W.mtbench(n_mtbench + skip_mtbench):
-                seen[it["category"]] = seen.get(it["category"], 0) + 1
-                if seen[it["category"]] > skip_mtbench:
-                    items.append(it)
-        elif w == "domain_shift":
-            if skip or skip_mtbench:
-                raise SwiftkError("domain_shift has no held-out selection: run it without skip / skip_mtbench")
-            items = W.domain_shift_stream(n_mtbench, n_humaneval)
-        elif w in ("edit", "chat"):
-            items = W.WORKLOADS[w](n_humaneval + skip)[skip:]
-        else:
-            raise SwiftkError(f"unknown workload {w!r}; use {', '.join(WORKLOAD_NAMES)}")
-        rows = []
-        for it in items:
-            chat = it["category"] != "humaneval"
-            text = it["turns"][0]
-            if w == "multiturn":
-                first = eng.generate(text, chat=True, method="autoregressive", max_new_tokens=max_new_tokens).text
-                text = W.multiturn_messages(it, first)
-            rows.append({"id": it["id"], "category": it["category"], "text": text, "chat": chat,
-                         "ids": eng.encode_prompt(text, chat=chat)})
-        out[w] = rows
-    return out
 
 
 # ---------------------------------------------------------------- methods

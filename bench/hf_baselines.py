@@ -144,7 +144,7 @@ def _main(argv=None) -> int:
 
     import torch
 
-    from bench.workloads import humaneval
+    from benchlib.workloads import humaneval
 
     ap = argparse.ArgumentParser(description="tokens/s of each HF baseline method on a few HumanEval prompts")
     ap.add_argument("gguf", nargs="?", default="/tmp/smollm2.gguf")

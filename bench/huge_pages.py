@@ -27,7 +27,7 @@ ARMS = ("4k", "huge")
 
 def measure(name: str, reps: int) -> dict:
     import swiftk
-    from bench.e2e import read_bandwidth
+    from benchlib.machine import read_bandwidth
     from swiftk.runtime import hugepages
     from swiftk.runtime.weights import weight_pages
 
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     if a.reps < 1 or a.reps % 2 == 0:
         ap.error("--reps must be odd (the median is then a run)")
     torch.set_num_threads(a.threads)
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
     from swiftk.atomic import write_json_atomic
     from swiftk.runtime import hugepages
 

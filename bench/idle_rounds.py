@@ -36,7 +36,8 @@ def main(argv=None) -> int:
 
     import torch
     import swiftk
-    from bench.e2e import build_prompts, machine_info
+    from benchlib.machine import machine_info
+    from benchlib.prompts import build_prompts
     from swiftk.atomic import write_json_atomic
 
     eng_ar, eng = swiftk.load(a.model), swiftk.load(a.model)

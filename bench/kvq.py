@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from bench.e2e import set_threads, sync
+from benchlib.machine import set_threads, sync
 
 
 def main(argv=None) -> int:

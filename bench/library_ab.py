@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps % 2 == 0:
         ap.error("--reps must be odd (the median of an even count is not one of the runs)")
-    from bench.e2e import cpu_arch
-    from bench.e2e import read_bandwidth
+    from benchlib.machine import cpu_arch
+    from benchlib.machine import read_bandwidth
 
     arms = {"A": (args.a_rev, args.a_opt), "B": (args.b_rev, args.b_opt)}
     work = Path(tempfile.mkdtemp(prefix="library_ab-"))

@@ -13,7 +13,7 @@ import resource
 import sys
 
 import swiftk
-from bench.e2e import set_threads
+from benchlib.machine import set_threads
 
 
 def rss_mb() -> float:

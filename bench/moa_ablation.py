@@ -28,7 +28,9 @@ SHAPES = {"tree": {}, "chain": {"topk_greedy": ((0.0, 1),)}}
 
 
 def main(argv=None) -> int:
-    from bench.e2e import _swiftk_run, build_prompts, device_kind, set_threads
+    from benchlib.machine import device_kind, set_threads
+    from benchlib.prompts import build_prompts
+    from bench.e2e import _swiftk_run
     import swiftk
 
     ap = argparse.ArgumentParser(prog="python -m bench.moa_ablation", description=__doc__.split("\n\n")[0])

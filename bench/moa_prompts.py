@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import workloads as W
+from benchlib import workloads as W
 from swiftk.atomic import write_atomic
 
 EVAL_HUMANEVAL = 82

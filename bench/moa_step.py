@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     import torch
     import swiftk
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
     from swiftk.atomic import write_json_atomic
     from swiftk.moa.method import load_drafter
     from swiftk.moa.runner import MoARunner

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import swiftk
-from bench import workloads
-from bench.e2e import set_threads
+from benchlib import workloads
+from benchlib.machine import set_threads
 
 
 def main(argv=None) -> int:

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
 
     import swiftk
-    from bench import workloads
+    from benchlib import workloads
 
     eng = swiftk.load(a.model, persist=False)
     prompts = [p["turns"][0] for p in workloads.load("humaneval", a.n)]
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             print(f"prompt {i} {m:<14} {len(out.token_ids) / dt:7.1f} tok/s  M {out.stats.mean_accepted_length:.2f}",
                   flush=True)
     ar = rows["autoregressive"]["tokens"] / rows["autoregressive"]["time"]
-    from bench.e2e import cpu_model
+    from benchlib.machine import cpu_model
 
     cpu = cpu_model()
     lines = [f"# User proposers, {a.model}, float32 CPU ({cpu}, {torch.get_num_threads()} threads), "

@@ -29,7 +29,7 @@ PASS = 64   # tokens per pass: the largest verify pass, so every logit comes fro
 
 def texts(kind: str, tok, chat_template) -> list:
     """Token id lists of the held-out texts of ``kind`` ("code" or "chat")."""
-    from bench import workloads
+    from benchlib import workloads
 
     if kind == "code":
         probs = list(workloads._problems().values())[100:]

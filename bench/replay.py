@@ -315,11 +315,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
 
     import swiftk
-    from bench.e2e import build_prompts, machine_info
+    from benchlib.machine import machine_info
+    from benchlib.prompts import build_prompts
 
     eng = swiftk.load(a.model, persist=False, weights=a.weights)
     eng.corpus(wait=True)
-    from bench.workloads import data_dir
+    from benchlib.workloads import data_dir
 
     prompts = build_prompts(eng, a.workloads.split(","), a.n, a.n_mtbench, a.max_new_tokens, a.skip,
                             a.skip_mtbench)

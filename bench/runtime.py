@@ -20,7 +20,7 @@ next to the share of bytes that draft step reads, and the same draft step with t
 ``generate`` uses (``draft_vocab`` frequent tokens plus the context's), and a ``--prefill``-token prefill (the
 time to first token) per configuration and for llama.cpp. Part 2: greedy ``generate`` tok/s of each configuration
 and of HF transformers ``generate`` (float32, the same GGUF) on the same prompts, with token identity against HF, and of
-llama.cpp on the same GGUF file when llama-cpp-python is installed (bench/llamacpp.py; ``--no-llamacpp`` leaves it
+llama.cpp on the same GGUF file when llama-cpp-python is installed (benchlib/llamacpp.py; ``--no-llamacpp`` leaves it
 out): it runs the file's quantized blocks, so its ratio is the one to hold the opt-in ``int8`` format against.
 Writes ``runtime_<model>_<device>_<date>.json`` and ``.md`` under ``--out``.
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from bench.e2e import read_bandwidth
+from benchlib.machine import read_bandwidth
 from swiftk.atomic import write_atomic
 from swiftk.errors import SwiftkError
 
@@ -152,7 +152,9 @@ def prefill_costs(engines: dict, llm, P: int, reps: int = 2) -> dict:
 
 
 def main(argv=None) -> int:
-    from bench.e2e import _hf_run, _swiftk_run, build_prompts, device_kind, first_diff, load_pair, set_threads
+    from benchlib.machine import device_kind, set_threads
+    from benchlib.prompts import build_prompts, first_diff
+    from bench.e2e import _hf_run, _swiftk_run, load_pair
 
     ap = argparse.ArgumentParser(prog="python -m bench.runtime", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -195,7 +197,7 @@ def main(argv=None) -> int:
         gguf = resolve_model(a.model)
         llm, llm_why = None, "--no-llamacpp"
         if not a.no_llamacpp:
-            from bench.llamacpp import load_llamacpp
+            from benchlib.llamacpp import load_llamacpp
 
             llm, llm_why = (None, "not a GGUF file") if gguf.is_dir() else load_llamacpp(gguf, threads)
     except SwiftkError as e:
@@ -250,7 +252,7 @@ def main(argv=None) -> int:
     if hf is not None:
         _hf_run(hf, items[0]["ids"], 8, "greedy")
     if llm is not None:
-        from bench.llamacpp import llamacpp_run
+        from benchlib.llamacpp import llamacpp_run
 
         llamacpp_run(llm, items[0]["ids"], 8, base.tokenizer.eos_ids)
     for i, it in enumerate(items):

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import swiftk
-    from bench import workloads
+    from benchlib import workloads
     from tests.test_serve import Live
 
     prompts = [p["turns"][0] for p in workloads.load("humaneval", a.n)]

@@ -219,7 +219,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     import swiftk
-    from bench.e2e import build_prompts, machine_info, read_bandwidth
+    from benchlib.machine import machine_info, read_bandwidth
+    from benchlib.prompts import build_prompts
     from bench.native_llamacpp import build_info, ensure
     from swiftk.loading.registry import resolve_model
 

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
 
     import swiftk
     import swiftk.decoding.loop as loop
-    from bench.e2e import build_prompts
+    from benchlib.prompts import build_prompts
     from swiftk.decoding.budget import SourceBudget
 
     class EveryRound(SourceBudget):   # the budget off: every source, every round

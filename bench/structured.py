@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from bench.report import write_result
+from benchlib.results import write_result
 
 # bounded, as real schemas are: a 135M model otherwise fills strings and numbers until the token limit
 S, B = {"type": "string", "maxLength": 48}, {"type": "boolean"}
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     import torch
 
     import swiftk
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
 
     ap = argparse.ArgumentParser(prog="python -m bench.structured", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")

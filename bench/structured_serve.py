@@ -41,10 +41,10 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(a.threads)
     import swiftk
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
     from bench.native_llamacpp import build_info, ensure
     from bench.serve_load import llama_server, swiftk_server
-    from bench.report import write_result
+    from benchlib.results import write_result
     from bench.structured import CASES, _parses
     from swiftk.loading.registry import resolve_model
 

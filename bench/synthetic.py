@@ -95,7 +95,7 @@ prompt = "def fibonacci(n):\n    "
 out = {"engine": engine}
 t0 = time.perf_counter()
 if engine == "llama.cpp":
-    from bench.llamacpp import llamacpp_run, load_llamacpp
+    from benchlib.llamacpp import llamacpp_run, load_llamacpp
     llm, why = load_llamacpp(path, threads, n_ctx=256)
     if llm is None:
         print(json.dumps({"engine": engine, "error": why})); sys.exit(0)
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default="native,llama.cpp")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args(argv)
-    from bench.e2e import set_threads
+    from benchlib.machine import set_threads
 
     threads = set_threads(a.threads)
     path = Path(a.path)

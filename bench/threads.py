@@ -30,7 +30,8 @@ def main(argv=None) -> int:
         raise SystemExit("--reps must be odd and >= 1")
 
     import swiftk
-    from bench.e2e import build_prompts, machine_info, read_bandwidth
+    from benchlib.machine import machine_info, read_bandwidth
+    from benchlib.prompts import build_prompts
 
     eng = swiftk.load(a.model, persist=False)
     eng.corpus(wait=True)

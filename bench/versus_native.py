@@ -79,7 +79,7 @@ def swiftk_verify(eng, ctx: int = 128, calls: int = 5) -> dict:
 
 def measure(name: str, reps: int, threads: int) -> dict:
     import swiftk
-    from bench.e2e import read_bandwidth
+    from benchlib.machine import read_bandwidth
     from swiftk.loading.registry import resolve_model
 
     gguf = resolve_model(name)
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     if a.reps % 2 == 0:
         ap.error("--reps must be odd (the median is then a run)")
     torch.set_num_threads(a.threads)
-    from bench.e2e import machine_info
+    from benchlib.machine import machine_info
     from bench.native_llamacpp import build_info, ensure
     from swiftk.atomic import write_json_atomic
     from swiftk.loading.registry import resolve_model

@@ -37,7 +37,7 @@ def _spec(arm: str):
 
 
 def _prompts(workload: str, n: int, skip: int) -> list:
-    from bench import workloads
+    from benchlib import workloads
 
     return [p["turns"][0] for p in workloads.load(workload, skip + n)[skip:]]
 
@@ -95,7 +95,7 @@ def run_arm(arm: str, model_dir: str, n: int, skip: int, max_new: int, workloads
 
 def _cpu() -> str:
     """The CPU's model name (bench.e2e) and its widest integer dot product (what the kernels can use)."""
-    from bench.e2e import cpu_model
+    from benchlib.machine import cpu_model
 
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-import bench  # noqa: F401 (first: puts the checkout after the installed packages on sys.path, see there)
+import benchlib  # noqa: F401 (first: puts the checkout after the installed packages on sys.path, see there)
 
 # Tests never read or write the user's persisted decoding state; the persistence tests opt in explicitly.
 os.environ["SWIFTK_PERSIST"] = "0"

@@ -305,3 +305,13 @@ def test_bench_results_are_cited(monkeypatch):
 
     stray = [p for p in results if Path(p).name not in read and not cited(Path(p).name)]
     assert not stray, f"bench/results files no document cites (cite them in docs/ or remove them): {stray}"
+
+
+def test_bench_holds_runnable_benchmarks_only():
+    """bench/ is what one runs (``python -m bench.NAME``, or pytest for the microbenchmarks); the code benchmarks
+    share lives in benchlib/. A module in bench/ without a ``__main__`` entry is a library in the wrong place."""
+    root = PKG.parent / "bench"
+    libraries = [str(p.relative_to(root.parent)) for p in root.rglob("*.py")
+                 if p.name not in ("__init__.py", "conftest.py") and not p.name.startswith("test_")
+                 and 'if __name__ == "__main__":' not in p.read_text()]
+    assert not libraries, f"library modules in bench/ (move them to benchlib/): {libraries}"

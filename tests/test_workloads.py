@@ -1,4 +1,4 @@
-"""Prompt sets (bench/workloads.py), device piece split/join (bench/device/prepare.py), HF baseline wrapper."""
+"""Prompt sets (benchlib/workloads.py), device piece split/join (bench/device/prepare.py), HF baseline wrapper."""
 import hashlib
 import json
 import os
@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from bench import workloads
+from benchlib import workloads
 from bench.device import prepare
 from swiftk.errors import SwiftkError
 
@@ -59,7 +59,7 @@ def test_chat_items_wrap_the_prompt_and_multiturn_puts_the_answer_between_turns(
 
 
 def test_multiturn_prompts_ask_turn_two_after_the_models_own_answer(monkeypatch):
-    from bench.e2e import build_prompts
+    from benchlib.prompts import build_prompts
 
     monkeypatch.setattr(workloads, "mtbench", lambda n=None: [{"id": "m/1", "category": "writing",
                                                                 "turns": ["T1", "T2"]}])
@@ -82,7 +82,7 @@ def test_multiturn_prompts_ask_turn_two_after_the_models_own_answer(monkeypatch)
 
 
 def test_held_out_prompts_pass_over_the_first_items(monkeypatch):
-    from bench.e2e import build_prompts
+    from benchlib.prompts import build_prompts
 
     qs = [{"id": f"m/{c}{i}", "category": c, "turns": ["q"]} for c in "ab" for i in range(4)]
     monkeypatch.setattr(workloads, "mtbench", lambda n=None: [q for q in qs if int(q["id"][-1]) < n])

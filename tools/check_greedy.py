@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/ is not i
 import swiftk  # noqa: E402
 from swiftk import methods  # noqa: E402
 
-from bench import workloads  # noqa: E402
+from benchlib import workloads  # noqa: E402
 
 N_NEW = 40
 N_PROMPTS = 3

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import torch
 
 import swiftk
-from bench.e2e import copy_bandwidth
+from benchlib.machine import copy_bandwidth
 from swiftk.runtime import skipset
 from swiftk.atomic import write_atomic
 from swiftk.runtime.ops.masks import TreeMask

@@ -14,7 +14,7 @@ Every prompt is a dict ``{"id": str, "category": str, "turns": [str, ...]}``; si
   hints, rename it, add input checks, comment it -- four kinds, cycling. Most of the answer is the given code.
 - ``chat``: HumanEval's prompts asked through the chat template, as instruct coder models are used.
 - ``multiturn``: MT-Bench turn 2 with the model's own turn-1 answer in context (``multiturn_messages``; the
-  answer needs the model, so bench/e2e.py builds it).
+  answer needs the model, so benchlib/prompts.py builds it).
 """
 from __future__ import annotations
 
