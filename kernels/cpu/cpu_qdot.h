@@ -894,19 +894,18 @@ struct KCodec45 {
     S.dm = f8_f16(p + 16);
     unpack_k_scales(p + 32, S);
 #pragma GCC unroll 16
-    for (int pr = 0; pr < 4; pr++) {   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
-      iv q[8];
+    for (int pr = 0; pr < 4; pr++)   // sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) share 32 bytes per row
 #pragma GCC unroll 16
-      for (int c = 0; c < 8; c++) q[c] = i_ld(p + kQsPacked + 256 * pr + 32 * c);
-#pragma GCC unroll 16
-      for (int h = 0; h < 2; h++)
+      for (int h = 0; h < 2; h++) {
+        const uint8_t* q = fresh(p + kQsPacked + 256 * pr);   // read again for the high nibbles (fresh: why)
+        [[maybe_unused]] const uint8_t* qh = fresh(p + 128);
 #pragma GCC unroll 16
         for (int c = 0; c < 8; c++) {
-          iv w = h ? i8_hi4(q[c]) : i8_lo4(q[c]);
-          if (kHigh) w = i_or(w, i8_bit_to4(i_ld(p + 128 + 32 * c), 2 * pr + h));   // the fifth bits
+          iv w = h ? i8_hi4(i_ld(q + 32 * c)) : i8_lo4(i_ld(q + 32 * c));
+          if (kHigh) w = i_or(w, i8_bit_to4(i_ld(qh + 32 * c), 2 * pr + h));   // the fifth bits
           put(16 * pr + 8 * h + c, w);
         }
-    }
+      }
   }
 #endif
 };

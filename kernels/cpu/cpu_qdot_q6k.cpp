@@ -60,8 +60,9 @@ struct Codec<Q6_K> {
 #pragma GCC unroll 4
       for (int u = 0; u < 4; u++)
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-          const iv l = i_ld(p + 144 + 512 * h + 256 * (u & 1) + 32 * c), qh = i_ld(p + 1168 + 256 * h + 32 * c);
+        for (int c = 0; c < 8; c++) {   // each u reads its bytes again (cpu_simd.h, fresh: why)
+          const uint8_t *pl = fresh(p + 144 + 512 * h + 256 * (u & 1)), *ph = fresh(p + 1168 + 256 * h);
+          const iv l = i_ld(pl + 32 * c), qh = i_ld(ph + 32 * c);
           const iv hs = u < 2 ? i16_shl(qh, 4 - 2 * u) : u == 3 ? i16_shr(qh, 2) : qh;
           put(32 * h + 8 * u + c, i_or(u >> 1 ? i8_hi4(l) : i8_lo4(l), i_and(hs, m30)));
         }
