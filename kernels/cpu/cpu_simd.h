@@ -411,7 +411,6 @@ static inline vec vexp(vec x) {
 #define SWI_V512 0
 #endif
 
-
 // p, as far as the compiler knows, another pointer: loads through it are issued where they are written instead of
 // kept in registers from an earlier load of the same bytes. A K-format decode that reads a block's bytes twice
 // (Q4_K's low and high nibbles, Q6_K's high bits) then reloads them from L1, where GCC 12 held 8 of the 16 AVX2

@@ -17,7 +17,6 @@ from typing import Callable, Optional
 import torch
 
 from ..options import GREEDY_TOPK, SAMPLING_TOPK  # noqa: F401  (re-exported: the tree's top-k bins)
-from ..errors import SwiftkError
 from ..proposers.base import Chain, DraftLevel  # noqa: F401  (re-exported: a tree's inputs)
 from ..runtime.ops.masks import TreeMask, unpack_tree_mask
 from ..sample.rejection import accept_greedy_host, accept_sampling
